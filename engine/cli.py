@@ -1,0 +1,319 @@
+"""`python -m engine ...`: the same runs as the app, headless, for terminals, CI and scripts.
+
+Contract (scripts depend on it): invalid input exits 2 with one line on stderr naming
+the field; `--json` makes the last stdout line one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+from .config import ConfigError, ModelName, ModelSize, OptimizerName, Precision, RunConfig, choices
+from .store import FINAL_STATUSES, FINISHED, RunNotFound, Store, StoreError, validate_run_id
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
+
+_ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
+                 "optimizer": OptimizerName}
+_FLAG_ALIASES = {"grad_scaler_init_scale": "--init-scale",
+                 "grad_scaler_growth_interval": "--growth-interval"}
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump, exit 2
+        raise UsageError(message)
+
+
+def flag_for(field_name: str) -> str:
+    return _FLAG_ALIASES.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per RunConfig field, generated so the CLI never lags the config."""
+    from .config import field_doc
+
+    for fld in dataclasses.fields(RunConfig):
+        flag = flag_for(fld.name)
+        help_text = field_doc(fld.name)
+        if fld.name in _ENUM_CHOICES:
+            help_text += f" Choices: {', '.join(choices(_ENUM_CHOICES[fld.name]))}."
+        if isinstance(fld.default, bool):
+            parser.add_argument(flag, dest=fld.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        else:
+            kind = type(fld.default) if fld.default is not None else str
+            parser.add_argument(flag, dest=fld.name, type=_typed(kind, flag), default=None,
+                                help=f"{help_text} Default: {fld.default!r}.")
+
+
+def _typed(kind: type, flag: str):
+    def convert(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: expected a {kind.__name__}") from None
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+             if getattr(args, f.name, None) is not None}
+    try:
+        return RunConfig(**given)
+    except ConfigError as exc:
+        raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine",
+                     description="Precision Lab: mixed-precision training runs, headless.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="train in the foreground; recorded like any other run")
+    _add_config_options(run)
+    run.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    run.set_defaults(func=cmd_run)
+
+    launch = sub.add_parser("launch", help="start a run in the background and return at once")
+    _add_config_options(launch)
+    launch.add_argument("--json", action="store_true")
+    launch.set_defaults(func=cmd_launch)
+
+    show = sub.add_parser("show", help="one run's status and config")
+    show.add_argument("run_id")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_show)
+
+    listing = sub.add_parser("list", help="all runs, newest first")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_list)
+
+    stop = sub.add_parser("stop", help="stop a queued or running run")
+    stop.add_argument("run_id")
+    stop.add_argument("--json", action="store_true")
+    stop.set_defaults(func=cmd_stop)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub) -> None:
+    """Commands owned by other engine modules register themselves here."""
+    import importlib
+
+    for module_name in ("engine.cli_kernels", "engine.cli_hardware"):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.add_subparsers(sub)
+
+
+# ---------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from .launcher import launch
+
+    cfg = config_from_args(args)
+    run_id = _launch_checked(cfg, Store())
+    print(json.dumps({"run_id": run_id}) if args.json else run_id)
+    return EXIT_OK
+
+
+def _launch_checked(cfg: RunConfig, store: Store) -> str:
+    from .devices import check_runnable
+    from .launcher import launch
+
+    try:
+        _device, warnings = check_runnable(cfg)
+    except ConfigError as exc:
+        raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return launch(cfg, store)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .launcher import stop
+
+    cfg = config_from_args(args)
+    store = Store()
+    run_id = _launch_checked(cfg, store)
+    print(f"run {run_id}: {cfg.label}", file=sys.stderr)
+    try:
+        run = _follow(run_id, store)
+    except KeyboardInterrupt:
+        print(f"\nstopping run {run_id} ...", file=sys.stderr)
+        run = stop(run_id, store)
+    summary = run_summary(run_id, store)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_format_summary(summary))
+    return EXIT_OK if summary["status"] == FINISHED else EXIT_RUN_FAILED
+
+
+def _follow(run_id: str, store: Store):
+    """Print progress to stderr until the run reaches a final status."""
+    from .launcher import reconcile
+
+    last_step, last_reconcile = 0, time.monotonic()
+    while True:
+        run = store.get_run(run_id)
+        row = store.last_metric(run_id)
+        if row and row["step"] != last_step:
+            last_step = row["step"]
+            rate = row.get("samples_per_s")
+            print(f"  step {row['step']:>6}/{run.total_steps}  loss {row['loss']:.4f}"
+                  + (f"  {rate:,.1f} samples/s" if rate else ""), file=sys.stderr)
+        if run.status in FINAL_STATUSES:
+            return run
+        if time.monotonic() - last_reconcile > 2.0:
+            reconcile(store)
+            last_reconcile = time.monotonic()
+        time.sleep(0.2)
+
+
+def run_summary(run_id: str, store: Store) -> dict[str, Any]:
+    run = store.get_run(run_id)
+    s = run.summary
+    last = store.last_metric(run_id) or {}
+    uses_scaler = run.config.uses_grad_scaler
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "reason": run.reason,
+        "steps_completed": run.steps_completed,
+        "first_loss": _finite_or_none(s.get("first_loss")),
+        "final_loss": _finite_or_none(s.get("final_loss", last.get("loss"))),
+        "samples_per_s": s.get("samples_per_s"),
+        "tokens_per_s": s.get("tokens_per_s"),
+        "step_time_ms": s.get("step_time_ms"),
+        "peak_mem_bytes": s.get("peak_mem_bytes", last.get("mem_peak_bytes")),
+        "loss_scale_final": (s.get("loss_scale_final", last.get("loss_scale"))
+                             if uses_scaler else None),
+        "skipped_steps": int(s.get("skipped_steps", last.get("skipped_steps") or 0) or 0),
+        "achieved_tflops": s.get("achieved_tflops"),
+        "flops_per_step": s.get("flops_per_step"),
+        "param_count": s.get("param_count"),
+        "device": run.device_key,
+        "device_name": run.device_name,
+        "precision": run.config.precision,
+        "model": run.config.model,
+        "size": run.config.size,
+        "batch_size": run.config.batch_size,
+    }
+
+
+def _finite_or_none(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"run {summary['run_id']}: {summary['status']}"
+             + (f" ({summary['reason']})" if summary.get("reason") else "")]
+    for key in ("steps_completed", "first_loss", "final_loss", "samples_per_s", "step_time_ms",
+                "peak_mem_bytes", "loss_scale_final", "skipped_steps", "device"):
+        value = summary.get(key)
+        if isinstance(value, float):
+            value = f"{value:,.4g}"
+        lines.append(f"  {key:<18} {value}")
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .launcher import reconcile
+
+    run_id = _valid_run_id(args.run_id)
+    store = Store()
+    reconcile(store)
+    run = store.get_run(run_id)
+    info = {
+        "run_id": run.id, "status": run.status, "reason": run.reason, "pid": run.pid,
+        "steps_completed": run.steps_completed, "total_steps": run.total_steps,
+        "metrics_rows": store.metrics_count(run_id), "device": run.device_key,
+        "device_name": run.device_name, "created_at": run.created_at,
+        "started_at": run.started_at, "ended_at": run.ended_at,
+        "config": run.config.to_dict(), "summary": run.summary,
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            print(f"{key:<16} {json.dumps(value) if isinstance(value, dict) else value}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .launcher import reconcile
+
+    store = Store()
+    reconcile(store)
+    runs = store.list_runs()
+    rows = [{"run_id": r.id, "status": r.status, "model": r.config.model, "size": r.config.size,
+             "precision": r.config.precision, "batch_size": r.config.batch_size,
+             "steps_completed": r.steps_completed, "total_steps": r.total_steps,
+             "device": r.device_key, "final_loss": _finite_or_none(r.summary.get("final_loss")),
+             "samples_per_s": r.summary.get("samples_per_s")} for r in runs]
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    header = f"{'run_id':<24} {'status':<9} {'model':<12} {'precision':<10} {'batch':>6} {'steps':>13}"
+    print(header)
+    for row in rows:
+        print(f"{row['run_id']:<24} {row['status']:<9} {row['model'] + '-' + row['size']:<12} "
+              f"{row['precision']:<10} {row['batch_size']:>6} "
+              f"{str(row['steps_completed']) + '/' + str(row['total_steps']):>13}")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from .launcher import stop
+
+    run = stop(_valid_run_id(args.run_id), Store())
+    if args.json:
+        print(json.dumps({"run_id": run.id, "status": run.status, "reason": run.reason}))
+    else:
+        print(f"run {run.id}: {run.status}" + (f" ({run.reason})" if run.reason else ""))
+    return EXIT_OK
+
+
+def _valid_run_id(run_id: str) -> str:
+    try:
+        return validate_run_id(run_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except BrokenPipeError:  # `python -m engine list | head`
+        return EXIT_OK

@@ -1,0 +1,269 @@
+"""Run configuration: the closed set of choices and the one validated `RunConfig`.
+
+The enum values feed the UI's choices, the CLI's `choices=` and the error messages,
+so a new mode or model is added in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A value a user gave is not acceptable. Names the field, the value and the fix."""
+
+    def __init__(self, field_name: str, value: Any, fix: str):
+        self.field = field_name
+        self.value = value
+        self.fix = fix
+        super().__init__(f"{field_name}={value!r}: {fix}")
+
+
+class Precision(str, Enum):
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16_AMP = "fp16-amp"
+    BF16_AMP = "bf16-amp"
+    BF16_PURE = "bf16-pure"
+    FP8 = "fp8"
+
+    @property
+    def label(self) -> str:
+        return PRECISION_LABELS[self]
+
+
+PRECISION_LABELS = {
+    Precision.FP32: "fp32: full precision, TF32 off",
+    Precision.TF32: "tf32: fp32 tensors, matmuls on TF32 Tensor Cores",
+    Precision.FP16_AMP: "fp16-amp: autocast to float16 + GradScaler",
+    Precision.BF16_AMP: "bf16-amp: autocast to bfloat16, no scaler",
+    Precision.BF16_PURE: "bf16-pure: weights, activations, optimizer state in bfloat16",
+    Precision.FP8: "fp8: float8 matmuls via torchao (sm89+)",
+}
+
+
+class ModelName(str, Enum):
+    MLP = "mlp"
+    RESNET = "resnet"
+    GPT = "gpt"
+
+
+class ModelSize(str, Enum):
+    TINY = "tiny"
+    SMALL = "small"
+    MEDIUM = "medium"
+
+
+class OptimizerName(str, Enum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+def choices(enum_type: type[Enum]) -> list[str]:
+    return [member.value for member in enum_type]
+
+
+# Bounds a user can hit; kept generous but finite so a typo cannot ask for a week-long run.
+MAX_BATCH_SIZE = 65_536
+MAX_STEPS = 1_000_000
+MAX_SEQ_LEN = 8_192
+MAX_IMAGE_SIZE = 512
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d{1,2})?)$")
+_NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one training run. Units are in the field names or docs."""
+
+    model: str = ModelName.GPT.value
+    """Model family: mlp | resnet | gpt."""
+    size: str = ModelSize.TINY.value
+    """tiny (seconds on 2 CPU cores) | small | medium (about GPT-2 small, 124M; for GPUs)."""
+    precision: str = Precision.FP32.value
+    """Precision mode, see `Precision`."""
+    batch_size: int = 16
+    """Samples per optimizer step (sequences for gpt, images for resnet)."""
+    steps: int = 60
+    """Optimizer steps to run."""
+    lr: float = 3e-3
+    """Peak learning rate (constant after a linear warm-up of `warmup_steps`)."""
+    optimizer: str = OptimizerName.ADAMW.value
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N. auto picks cuda:0 when a GPU is present."""
+    seq_len: int = 64
+    """Tokens per sequence (gpt only)."""
+    image_size: int = 32
+    """Image side in pixels (resnet only)."""
+    channels_last: bool = False
+    """Use channels_last memory format (resnet only; helps Tensor-Core convs)."""
+    compile: bool = False
+    """Wrap the model in torch.compile (first steps then include compile time)."""
+    grad_scaler_init_scale: float = 65536.0
+    """fp16-amp only: GradScaler's initial loss scale (2**16 by default)."""
+    grad_scaler_growth_interval: int = 2000
+    """fp16-amp only: good steps before the scale doubles."""
+    loss_scaling: bool = True
+    """fp16-amp only: False disables the GradScaler (demonstrates fp16 underflow)."""
+    log_interval: int = 1
+    """Read metrics back from the device every N steps (each read is a host sync)."""
+    warmup_steps: int = 3
+    """Steps excluded from steady-state averages (allocator, autotuning, compile)."""
+    profile: bool = True
+    """Profile a short window of steps after warm-up (kernel breakdown)."""
+    profile_steps: int = 3
+    """Length of the profiler window in steps."""
+    memory_cap_mb: int = 0
+    """CPU runs: address-space cap for the training process in MiB (0 = none)."""
+    name: str = ""
+    """Optional label shown in the UI."""
+
+    def __post_init__(self) -> None:
+        self._coerce_enums()
+        _check_int(self, "batch_size", 1, MAX_BATCH_SIZE, "a positive batch size, e.g. 16")
+        _check_int(self, "steps", 1, MAX_STEPS, "a step count between 1 and 1000000")
+        _check_int(self, "seq_len", 2, MAX_SEQ_LEN, "a sequence length between 2 and 8192")
+        _check_int(self, "image_size", 8, MAX_IMAGE_SIZE, "an image size between 8 and 512")
+        _check_int(self, "grad_scaler_growth_interval", 1, 10**7, "a positive interval, e.g. 2000")
+        _check_int(self, "log_interval", 1, 10_000, "log every 1..10000 steps")
+        _check_int(self, "warmup_steps", 0, MAX_STEPS, "0 or more warm-up steps")
+        _check_int(self, "profile_steps", 1, 50, "a profiler window of 1..50 steps")
+        _check_int(self, "memory_cap_mb", 0, 10**8, "0 (no cap) or a cap in MiB, e.g. 4096")
+        _check_int(self, "seed", 0, 2**31 - 1, "a seed between 0 and 2**31-1")
+        _check_float(self, "lr", 0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3", open_low=True)
+        _check_float(self, "weight_decay", 0.0, 1.0, "a weight decay in [0, 1]")
+        _check_float(self, "grad_scaler_init_scale", 0.0, 2.0**32,
+                     "a positive initial loss scale, e.g. 65536", open_low=True)
+        for flag in ("channels_last", "compile", "loss_scaling", "profile"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(flag, getattr(self, flag), "true or false")
+        if not isinstance(self.device, str) or not _DEVICE_RE.match(self.device):
+            raise ConfigError("device", self.device, "one of auto, cpu, cuda, cuda:N")
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ConfigError("name", self.name,
+                              "up to 80 letters, digits, spaces and . , : + ( ) - _")
+
+    def _coerce_enums(self) -> None:
+        for field_name, enum_type, noun in (
+            ("model", ModelName, "model"),
+            ("size", ModelSize, "size"),
+            ("precision", Precision, "precision"),
+            ("optimizer", OptimizerName, "optimizer"),
+        ):
+            value = getattr(self, field_name)
+            if isinstance(value, Enum):
+                value = value.value
+            if value not in choices(enum_type):
+                raise ConfigError(field_name, value,
+                                  f"unknown {noun}; choose one of {', '.join(choices(enum_type))}")
+            # frozen dataclass: normalise enum members to their plain string value.
+            object.__setattr__(self, field_name, value)
+
+    # -- convenience views -------------------------------------------------------------
+    @property
+    def precision_mode(self) -> Precision:
+        return Precision(self.precision)
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == Precision.FP16_AMP.value and self.loss_scaling
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.model}-{self.size} {self.precision} bs{self.batch_size}"
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON round trip ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        if not isinstance(data, dict):
+            raise ConfigError("config", type(data).__name__, "a JSON object of RunConfig fields")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]],
+                              f"unknown field; known fields are {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("config", text[:40], f"not valid JSON ({exc.msg})") from None
+        return cls.from_dict(data)
+
+
+def config_fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(RunConfig))
+
+
+def field_doc(field_name: str) -> str:
+    """The docstring written under a field, for UI help texts."""
+    return _FIELD_DOCS.get(field_name, "")
+
+
+def _check_int(cfg: RunConfig, name: str, low: int, high: int, fix: str) -> None:
+    value = getattr(cfg, name)
+    # bool is an int subclass; True as a batch size is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, value, f"a whole number; expected {fix}")
+    if not low <= value <= high:
+        raise ConfigError(name, value, f"out of range [{low}, {high}]; expected {fix}")
+
+
+def _check_float(cfg: RunConfig, name: str, low: float, high: float, fix: str,
+                 open_low: bool = False) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(name, value, f"a number; expected {fix}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(name, value, f"a finite number; expected {fix}")
+    too_low = value <= low if open_low else value < low
+    if too_low or value > high:
+        raise ConfigError(name, value, f"out of range; expected {fix}")
+    object.__setattr__(cfg, name, value)
+
+
+def _parse_field_docs() -> dict[str, str]:
+    """Read the per-field docstrings from this module's source (kept next to the fields)."""
+    import ast
+    import inspect
+
+    try:
+        tree = ast.parse(inspect.getsource(RunConfig))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(getattr(following, "value", None), ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = following.value.value
+    return docs
+
+
+_FIELD_DOCS = _parse_field_docs()
+
+__all__ = [
+    "ConfigError", "Precision", "ModelName", "ModelSize", "OptimizerName", "RunConfig",
+    "PRECISION_LABELS", "choices", "config_fields", "field_doc",
+]

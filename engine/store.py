@@ -1,0 +1,464 @@
+"""The embedded store: SQLite in WAL mode under the data directory.
+
+Why SQLite/WAL: stdlib, real transactions, several writer processes (one worker per
+run) plus readers (the UI, the CLI), and it survives a killed writer. Connections are
+short-lived and opened per call: Streamlit runs scripts on several threads, and a
+worker's connection must not outlive a fork. The metric writer keeps one connection
+for its own hot path.
+
+Layout of the data directory (env `PRECISION_LAB_HOME`, default ./.precision_lab):
+    precision_lab.sqlite3      the database
+    runs/<run_id>/worker.log   stdout/stderr of the worker
+    runs/<run_id>/trace.json.gz profiler trace (when profiled)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+from .config import RunConfig
+from .downsample import downsample_minmax
+
+SCHEMA_VERSION = 1
+DB_FILENAME = "precision_lab.sqlite3"
+HOME_ENV = "PRECISION_LAB_HOME"
+DEFAULT_HOME = ".precision_lab"
+
+QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM = (
+    "queued", "running", "finished", "failed", "stopped", "diverged", "oom")
+STATUSES = (QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM)
+ACTIVE_STATUSES = (QUEUED, RUNNING)
+FINAL_STATUSES = (FINISHED, FAILED, STOPPED, DIVERGED, OOM)
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+# Per logged step. Units are in the names; NULL where a value does not apply
+# (loss_scale outside fp16-amp, CUDA memory on a CPU run).
+METRIC_COLUMNS = (
+    "step", "wall_time_s", "loss", "lr", "step_time_ms", "samples_per_s", "tokens_per_s",
+    "mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "rss_bytes",
+    "loss_scale", "skipped_steps", "grad_norm", "achieved_tflops", "mfu", "phase",
+)
+TELEMETRY_COLUMNS = (
+    "t_s", "gpu_util_pct", "mem_util_pct", "gpu_mem_used_bytes", "power_w", "power_limit_w",
+    "temp_c", "sm_clock_mhz", "throttle_reasons", "cpu_pct", "rss_bytes",
+)
+KERNEL_COLUMNS = (
+    "name", "category", "tensor_core", "dtype", "reason", "total_us", "count", "cpu_op",
+)
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,              -- FIFO order of the device queue
+    created_at REAL NOT NULL,          -- unix seconds
+    started_at REAL,
+    ended_at REAL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    config_json TEXT NOT NULL,
+    device_key TEXT NOT NULL,          -- "cpu" | "cuda:N": one running run per key
+    device_name TEXT,
+    pid INTEGER,                       -- supervisor pid (process-group leader)
+    pid_create_time REAL,              -- guards against pid reuse
+    train_pid INTEGER,
+    steps_completed INTEGER NOT NULL DEFAULT 0,
+    total_steps INTEGER NOT NULL,
+    summary_json TEXT NOT NULL DEFAULT '{{}}'
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status, device_key, seq);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    wall_time_s REAL, loss REAL, lr REAL, step_time_ms REAL, samples_per_s REAL,
+    tokens_per_s REAL, mem_allocated_bytes INTEGER, mem_reserved_bytes INTEGER,
+    mem_peak_bytes INTEGER, rss_bytes INTEGER, loss_scale REAL, skipped_steps INTEGER,
+    grad_norm REAL, achieved_tflops REAL, mfu REAL,
+    phase TEXT,                        -- warmup | steady | profile
+    PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS telemetry (
+    run_id TEXT NOT NULL,
+    t_s REAL NOT NULL,                 -- unix seconds
+    gpu_util_pct REAL, mem_util_pct REAL, gpu_mem_used_bytes INTEGER, power_w REAL,
+    power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle_reasons TEXT,
+    cpu_pct REAL, rss_bytes INTEGER
+);
+CREATE INDEX IF NOT EXISTS telemetry_run ON telemetry(run_id, t_s);
+CREATE TABLE IF NOT EXISTS kernels (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL, category TEXT, tensor_core TEXT, dtype TEXT, reason TEXT,
+    total_us REAL, count INTEGER, cpu_op TEXT
+);
+CREATE INDEX IF NOT EXISTS kernels_run ON kernels(run_id);
+"""
+
+
+class StoreError(RuntimeError):
+    """The data directory or database cannot be used; the message says what to do."""
+
+
+class RunNotFound(KeyError):
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.run_id = run_id
+
+    def __str__(self) -> str:
+        return f"run_id={self.run_id!r}: no such run; `python -m engine list` shows the runs"
+
+
+def validate_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise ValueError(f"run_id={run_id!r}: not a valid run id (letters, digits, - and _, "
+                         "up to 64 characters); `python -m engine list` shows the runs")
+    return run_id
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def default_home() -> Path:
+    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser().resolve()
+
+
+@dataclass
+class RunRecord:
+    id: str
+    status: str
+    reason: str | None
+    config: RunConfig
+    device_key: str
+    device_name: str | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    pid: int | None
+    pid_create_time: float | None
+    train_pid: int | None
+    steps_completed: int
+    total_steps: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.id, "status": self.status, "reason": self.reason,
+            "config": self.config.to_dict(), "device": self.device_key,
+            "device_name": self.device_name, "created_at": self.created_at,
+            "started_at": self.started_at, "ended_at": self.ended_at, "pid": self.pid,
+            "steps_completed": self.steps_completed, "total_steps": self.total_steps,
+            "summary": self.summary,
+        }
+
+
+class Store:
+    def __init__(self, home: str | os.PathLike | None = None):
+        self.home = Path(home).expanduser().resolve() if home else default_home()
+        self.db_path = self.home / DB_FILENAME
+        self._ensure_home()
+        self._migrate()
+
+    # -- setup ------------------------------------------------------------------------------
+    def _ensure_home(self) -> None:
+        try:
+            # 0o700: runs, logs and traces of one user are not everyone's business.
+            self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise StoreError(f"{HOME_ENV}={str(self.home)!r}: cannot create the data directory "
+                             f"({exc.strerror}); point {HOME_ENV} at a writable folder") from exc
+
+    def _migrate(self) -> None:
+        try:
+            with self.connect() as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(f"{self.db_path}: written by a newer Precision Lab "
+                                     f"(schema {version} > {SCHEMA_VERSION}); upgrade this copy")
+                conn.executescript(_SCHEMA)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.db_path}: cannot open the database ({exc}); if the file is "
+                             f"corrupted, move it away and restart (runs/ is kept)") from exc
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / validate_run_id(run_id)
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        # isolation_level=None: we issue BEGIN ourselves where a transaction is needed.
+        conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self, immediate: bool = False) -> Iterator[sqlite3.Connection]:
+        with self.connect() as conn:
+            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    # -- runs -------------------------------------------------------------------------------
+    def create_run(self, config: RunConfig, device_key: str, device_name: str | None = None,
+                   run_id: str | None = None) -> str:
+        run_id = validate_run_id(run_id or new_run_id())
+        with self.transaction(immediate=True) as conn:
+            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
+            conn.execute(
+                "INSERT INTO runs (id, seq, created_at, status, config_json, device_key,"
+                " device_name, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, seq, time.time(), QUEUED, config.to_json(), device_key, device_name,
+                 config.steps))
+        self.run_dir(run_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        return run_id
+
+    def get_run(self, run_id: str) -> RunRecord:
+        validate_run_id(run_id)
+        with self.connect() as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        return _record(row)
+
+    def list_runs(self, statuses: Iterable[str] | None = None, limit: int = 1000) -> list[RunRecord]:
+        sql, params = "SELECT * FROM runs", []
+        if statuses:
+            statuses = list(statuses)
+            sql += f" WHERE status IN ({','.join('?' * len(statuses))})"
+            params += statuses
+        sql += " ORDER BY seq DESC LIMIT ?"
+        with self.connect() as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(sql, (*params, limit)).fetchall()
+        return [_record(row) for row in rows]
+
+    _UPDATABLE = frozenset({"pid", "pid_create_time", "train_pid", "device_name",
+                            "started_at", "ended_at", "steps_completed"})
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        unknown = set(fields) - self._UPDATABLE
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        with self.connect() as conn:
+            conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
+
+    def set_status(self, run_id: str, status: str, reason: str | None = None,
+                   only_from: Iterable[str] = ACTIVE_STATUSES) -> bool:
+        """Move a run to `status` if it is currently in `only_from`; True when it moved.
+
+        The condition makes transitions race-free: a run that the user stopped is not
+        turned back into "finished" by a worker that was about to write its result.
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status={status!r}: choose one of {', '.join(STATUSES)}")
+        only_from = list(only_from)
+        now = time.time()
+        ended = now if status in FINAL_STATUSES else None
+        started = now if status == RUNNING else None
+        with self.connect() as conn:
+            cursor = conn.execute(
+                f"UPDATE runs SET status = ?, reason = COALESCE(?, reason),"
+                f" ended_at = COALESCE(?, ended_at), started_at = COALESCE(?, started_at)"
+                f" WHERE id = ? AND status IN ({','.join('?' * len(only_from))})",
+                (status, reason, ended, started, run_id, *only_from))
+            return cursor.rowcount == 1
+
+    def merge_summary(self, run_id: str, values: dict[str, Any]) -> None:
+        with self.transaction(immediate=True) as conn:
+            row = conn.execute("SELECT summary_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            summary = json.loads(row[0] or "{}")
+            summary.update(_json_safe(values))
+            conn.execute("UPDATE runs SET summary_json = ? WHERE id = ?",
+                         (json.dumps(summary), run_id))
+
+    def claim_device(self, run_id: str) -> bool:
+        """Start `run_id` if it is the oldest queued run of its device and the device is free.
+
+        One BEGIN IMMEDIATE transaction: two workers polling at once cannot both win.
+        """
+        with self.transaction(immediate=True) as conn:
+            row = conn.execute("SELECT device_key, status FROM runs WHERE id = ?",
+                               (run_id,)).fetchone()
+            if row is None or row[1] != QUEUED:
+                return False
+            device_key = row[0]
+            busy = conn.execute("SELECT 1 FROM runs WHERE device_key = ? AND status = ?",
+                                (device_key, RUNNING)).fetchone()
+            first = conn.execute("SELECT id FROM runs WHERE device_key = ? AND status = ?"
+                                 " ORDER BY seq LIMIT 1", (device_key, QUEUED)).fetchone()
+            if busy or first is None or first[0] != run_id:
+                return False
+            conn.execute("UPDATE runs SET status = ?, started_at = ? WHERE id = ?",
+                         (RUNNING, time.time(), run_id))
+            return True
+
+    def queue_position(self, run_id: str) -> int | None:
+        """1-based position among queued runs of the same device, None if not queued."""
+        with self.connect() as conn:
+            row = conn.execute("SELECT device_key, seq, status FROM runs WHERE id = ?",
+                               (run_id,)).fetchone()
+            if row is None or row[2] != QUEUED:
+                return None
+            ahead = conn.execute("SELECT COUNT(*) FROM runs WHERE device_key = ? AND"
+                                 " status IN (?, ?) AND seq < ?",
+                                 (row[0], QUEUED, RUNNING, row[1])).fetchone()[0]
+        return ahead + 1
+
+    # -- metrics ----------------------------------------------------------------------------
+    def write_metrics(self, run_id: str, rows: list[dict[str, Any]],
+                      conn: sqlite3.Connection | None = None) -> None:
+        """Insert metric rows and advance steps_completed, in one transaction."""
+        if not rows:
+            return
+        values = [(run_id, *(_sql_value(row.get(c)) for c in METRIC_COLUMNS)) for row in rows]
+        placeholders = ",".join("?" * (len(METRIC_COLUMNS) + 1))
+        last_step = max(int(row["step"]) for row in rows)
+        with contextlib.ExitStack() as stack:
+            if conn is None:
+                conn = stack.enter_context(self.connect())
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(f"INSERT OR REPLACE INTO metrics (run_id, {','.join(METRIC_COLUMNS)})"
+                                 f" VALUES ({placeholders})", values)
+                conn.execute("UPDATE runs SET steps_completed = MAX(steps_completed, ?)"
+                             " WHERE id = ?", (last_step, run_id))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def read_metrics(self, run_id: str, after_step: int = 0, max_points: int | None = 2000,
+                     columns: Iterable[str] | None = None) -> pd.DataFrame:
+        """Metric rows with step > after_step, downsampled to ~max_points (min/max kept).
+
+        `columns` limits both the query and the downsampling to the series a chart needs.
+        """
+        wanted = list(columns) if columns else list(METRIC_COLUMNS)
+        bad = [c for c in wanted if c not in METRIC_COLUMNS]
+        if bad:
+            raise ValueError(f"columns={bad}: unknown metric; known: {', '.join(METRIC_COLUMNS)}")
+        selected = ["step"] + [c for c in wanted if c != "step"]
+        with self.connect() as conn:
+            frame = pd.read_sql_query(
+                f"SELECT {','.join(selected)} FROM metrics WHERE run_id = ? AND step > ?"
+                " ORDER BY step", conn, params=(run_id, after_step))
+        if max_points:
+            numeric = [c for c in selected if c not in ("step", "phase", "wall_time_s")]
+            frame = downsample_minmax(frame, numeric, max_points).reset_index(drop=True)
+        return frame
+
+    def metrics_count(self, run_id: str) -> int:
+        with self.connect() as conn:
+            return conn.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ?",
+                                (run_id,)).fetchone()[0]
+
+    def last_metric(self, run_id: str) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM metrics WHERE run_id = ? ORDER BY step DESC"
+                               " LIMIT 1", (run_id,)).fetchone()
+        return dict(row) if row else None
+
+    # -- telemetry and kernels ------------------------------------------------------------
+    def write_telemetry(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        placeholders = ",".join("?" * (len(TELEMETRY_COLUMNS) + 1))
+        with self.transaction(immediate=True) as conn:
+            conn.executemany(
+                f"INSERT INTO telemetry (run_id, {','.join(TELEMETRY_COLUMNS)}) VALUES ({placeholders})",
+                [(run_id, *(_sql_value(row.get(c)) for c in TELEMETRY_COLUMNS)) for row in rows])
+
+    def read_telemetry(self, run_id: str, after_t_s: float = 0.0,
+                       max_points: int | None = 2000) -> pd.DataFrame:
+        with self.connect() as conn:
+            frame = pd.read_sql_query(
+                f"SELECT {','.join(TELEMETRY_COLUMNS)} FROM telemetry WHERE run_id = ? AND t_s > ?"
+                " ORDER BY t_s", conn, params=(run_id, after_t_s))
+        if max_points:
+            numeric = [c for c in TELEMETRY_COLUMNS if c not in ("t_s", "throttle_reasons")]
+            frame = downsample_minmax(frame, numeric, max_points).reset_index(drop=True)
+        return frame
+
+    def write_kernels(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        placeholders = ",".join("?" * (len(KERNEL_COLUMNS) + 1))
+        with self.transaction(immediate=True) as conn:
+            conn.execute("DELETE FROM kernels WHERE run_id = ?", (run_id,))
+            conn.executemany(
+                f"INSERT INTO kernels (run_id, {','.join(KERNEL_COLUMNS)}) VALUES ({placeholders})",
+                [(run_id, *(_sql_value(row.get(c)) for c in KERNEL_COLUMNS)) for row in rows])
+
+    def read_kernels(self, run_id: str) -> pd.DataFrame:
+        with self.connect() as conn:
+            return pd.read_sql_query(
+                f"SELECT {','.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ?"
+                " ORDER BY total_us DESC", conn, params=(run_id,))
+
+
+def _record(row: sqlite3.Row) -> RunRecord:
+    try:
+        config = RunConfig.from_json(row["config_json"])
+    except ValueError:
+        # A config written by another version: show the run rather than hide it.
+        config = RunConfig()
+    return RunRecord(
+        id=row["id"], status=row["status"], reason=row["reason"], config=config,
+        device_key=row["device_key"], device_name=row["device_name"],
+        created_at=row["created_at"], started_at=row["started_at"], ended_at=row["ended_at"],
+        pid=row["pid"], pid_create_time=row["pid_create_time"], train_pid=row["train_pid"],
+        steps_completed=row["steps_completed"], total_steps=row["total_steps"],
+        summary=json.loads(row["summary_json"] or "{}"))
+
+
+def _sql_value(value: Any) -> Any:
+    """SQLite has no inf/NaN literals worth keeping apart: store non-finite floats as-is
+    (SQLite keeps inf; NaN becomes NULL), numpy scalars as Python numbers."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item"):
+        return _json_safe(value.item())
+    return value
