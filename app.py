@@ -1,0 +1,43 @@
+"""Precision Lab: page config, navigation and the sidebar device card. Nothing else."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from pages.ui import MODE_ICONS, cached_devices, fmt_bytes
+
+st.set_page_config(page_title="Precision Lab", page_icon="🎯", layout="wide")
+
+_PAGES = [
+    ("pages/launch.py", "Launch", "🚀"),
+    ("pages/live.py", "Live", "📈"),
+    ("pages/runs.py", "Runs", "🗂️"),
+    ("pages/compare.py", "Compare", "⚖️"),
+    ("pages/kernels.py", "Kernels", "🔬"),
+    ("pages/check.py", "GPU check", "🩺"),
+]
+_ROOT = Path(__file__).parent
+pages = [st.Page(path, title=title, icon=icon, default=(path == "pages/launch.py"))
+         for path, title, icon in _PAGES if (_ROOT / path).exists()]
+navigation = st.navigation(pages)
+
+
+def device_card() -> None:
+    devices = cached_devices()
+    gpus = [d for d in devices if d.kind == "cuda"]
+    with st.sidebar:
+        st.markdown("### Devices")
+        if not gpus:
+            st.caption("No NVIDIA GPU found (no NVML driver, or a CPU-only PyTorch build): "
+                       "runs use the CPU; GPU-only modes are marked unsupported.")
+        for dev in (gpus or []) + [d for d in devices if d.kind == "cpu"]:
+            memory = fmt_bytes(dev.memory_bytes) if dev.memory_bytes else "n/a"
+            st.markdown(f"**{dev.name}**  \n`{dev.key}` · {dev.capability} · {memory}")
+            with st.expander("What each precision mode means here", expanded=False):
+                for mode, support in dev.modes.items():
+                    st.markdown(f"{MODE_ICONS[support.status]} **{mode}** "
+                                f"({support.status}): {support.reason}")
+
+
+device_card()
+navigation.run()

@@ -1,0 +1,83 @@
+"""Plotly figure builders shared by the pages (drawing only; the data comes from the engine)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300,
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+               hovermode="x unified")
+
+
+def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, **_LAYOUT)
+    return fig
+
+
+def _shade_profile_window(fig: go.Figure, frame: pd.DataFrame) -> None:
+    """Grey band over the profiler window: those steps are slower on purpose."""
+    if "phase" not in frame or frame.empty:
+        return
+    window = frame.loc[frame["phase"] == "profile", "step"]
+    if not window.empty:
+        fig.add_vrect(x0=window.min() - 0.5, x1=window.max() + 0.5, fillcolor="grey",
+                      opacity=0.15, line_width=0, annotation_text="profiler",
+                      annotation_position="top left")
+
+
+def loss_figure(frame: pd.DataFrame, name: str = "loss") -> go.Figure:
+    fig = _figure("Loss", "step", "loss")
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame["loss"], mode="lines", name=name))
+    _shade_profile_window(fig, frame)
+    return fig
+
+
+def throughput_figure(frame: pd.DataFrame, column: str, unit: str) -> go.Figure:
+    fig = _figure(f"Throughput ({unit}/s)", "step", f"{unit}/s")
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=f"{unit}/s"))
+    steady = frame.loc[frame["phase"] == "steady", column].dropna() if "phase" in frame else []
+    if len(steady):
+        fig.add_hline(y=float(steady.median()), line_dash="dot",
+                      annotation_text=f"steady median {steady.median():,.0f}")
+    _shade_profile_window(fig, frame)
+    return fig
+
+
+def memory_figure(frame: pd.DataFrame, is_cuda: bool) -> go.Figure:
+    fig = _figure("Memory (GiB)", "step", "GiB")
+    series = ([("mem_allocated_bytes", "allocated"), ("mem_reserved_bytes", "reserved"),
+               ("mem_peak_bytes", "peak allocated")] if is_cuda
+              else [("rss_bytes", "process RSS"), ("mem_peak_bytes", "peak RSS")])
+    for column, label in series:
+        if column in frame and frame[column].notna().any():
+            fig.add_trace(go.Scatter(x=frame["step"], y=frame[column] / 2**30, mode="lines",
+                                     name=label))
+    return fig
+
+
+def loss_scale_figure(frame: pd.DataFrame) -> go.Figure:
+    fig = _figure("Loss scale and skipped steps", "step", "loss scale")
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame["loss_scale"], mode="lines",
+                             name="loss scale"))
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame["skipped_steps"], mode="lines",
+                             name="skipped steps (cumulative)", yaxis="y2",
+                             line=dict(dash="dot")))
+    fig.update_layout(yaxis_type="log",
+                      yaxis2=dict(title="skipped steps", overlaying="y", side="right",
+                                  rangemode="tozero"))
+    return fig
+
+
+def telemetry_figure(frame: pd.DataFrame, columns: list[tuple[str, str]], title: str,
+                     y_title: str) -> go.Figure:
+    fig = _figure(title, "time (s since start)", y_title)
+    if frame.empty:
+        return fig
+    t0 = frame["t_s"].min()
+    for column, label in columns:
+        if column in frame and frame[column].notna().any():
+            fig.add_trace(go.Scatter(x=frame["t_s"] - t0, y=frame[column], mode="lines",
+                                     name=label))
+    return fig

@@ -1,0 +1,137 @@
+"""Launch: pick a model, a precision and a batch size; start a run in the background."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.config import (ConfigError, ModelName, ModelSize, OptimizerName, Precision,
+                           PRECISION_LABELS, RunConfig, choices, field_doc)
+from engine.devices import UNSUPPORTED, mode_support
+from engine.launcher import launch
+from pages.ui import MODE_ICONS, cached_devices, get_store, open_in_live
+
+COMPARISON_PRESET = (Precision.FP32.value, Precision.FP16_AMP.value, Precision.BF16_AMP.value)
+DEFAULTS = RunConfig()
+
+st.title("Launch a run")
+st.caption("Trains in a background process: closing this tab does not stop it. "
+           "Data is synthetic and generated on the device, so nothing is downloaded.")
+
+store = get_store()
+devices = cached_devices()
+device_keys = ["auto"] + [d.key for d in devices]
+by_key = {d.key: d for d in devices}
+default_device = next((d.key for d in devices if d.kind == "cuda" and d.torch_usable), "cpu")
+
+left, right = st.columns(2)
+with left:
+    device_choice = st.selectbox(
+        "Device", device_keys, index=0, key="device",
+        format_func=lambda k: f"auto ({by_key[default_device].name})" if k == "auto"
+        else f"{k}: {by_key[k].name}", help=field_doc("device"))
+    device = by_key[default_device if device_choice == "auto" else device_choice]
+    model = st.selectbox("Model", choices(ModelName), key="model", help=field_doc("model"))
+    size = st.selectbox("Size", choices(ModelSize), key="size", help=field_doc("size"))
+    support = {mode: mode_support(device, Precision(mode)) for mode in choices(Precision)}
+    precision = st.selectbox(
+        "Precision", choices(Precision), key="precision",
+        index=choices(Precision).index(DEFAULTS.precision),
+        format_func=lambda m: f"{MODE_ICONS[support[m].status]} {PRECISION_LABELS[Precision(m)]}"
+        + (" (not on this device)" if support[m].status == UNSUPPORTED else ""))
+    batch_size = st.number_input("Batch size", min_value=1, max_value=65536, step=1,
+                                 value=DEFAULTS.batch_size, key="batch_size",
+                                 help=field_doc("batch_size"))
+    steps = st.number_input("Steps", min_value=1, max_value=1_000_000, step=10,
+                            value=DEFAULTS.steps, key="steps", help=field_doc("steps"))
+with right:
+    lr = st.number_input("Learning rate", min_value=0.0, max_value=10.0, value=DEFAULTS.lr,
+                         format="%.5f", step=1e-4, key="lr", help=field_doc("lr"))
+    optimizer = st.selectbox("Optimizer", choices(OptimizerName), key="optimizer")
+    seed = st.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="seed")
+    seq_len, image_size, channels_last = DEFAULTS.seq_len, DEFAULTS.image_size, False
+    if model == ModelName.GPT.value:
+        seq_len = st.number_input("Sequence length (tokens)", min_value=2, max_value=8192,
+                                  value=DEFAULTS.seq_len, step=8, key="seq_len")
+    if model == ModelName.RESNET.value:
+        image_size = st.number_input("Image size (px)", min_value=8, max_value=512,
+                                     value=DEFAULTS.image_size, step=8, key="image_size")
+        channels_last = st.checkbox("channels_last memory format", key="channels_last",
+                                    help=field_doc("channels_last"))
+    compile_model = st.checkbox("torch.compile", key="compile", help=field_doc("compile"))
+
+with st.expander("Loss scaling, logging and profiling"):
+    loss_scaling = st.checkbox("Loss scaling (GradScaler) for fp16-amp", value=True,
+                               key="loss_scaling", help=field_doc("loss_scaling"))
+    init_scale = st.number_input("GradScaler initial scale", min_value=1.0, max_value=2.0**32,
+                                 value=DEFAULTS.grad_scaler_init_scale, key="init_scale")
+    growth_interval = st.number_input("GradScaler growth interval (steps)", min_value=1,
+                                      value=DEFAULTS.grad_scaler_growth_interval, key="growth")
+    log_interval = st.number_input("Log every N steps", min_value=1, max_value=10_000,
+                                   value=DEFAULTS.log_interval, key="log_interval",
+                                   help=field_doc("log_interval"))
+    warmup_steps = st.number_input("Warm-up steps (excluded from averages)", min_value=0,
+                                   value=DEFAULTS.warmup_steps, key="warmup_steps")
+    profile = st.checkbox("Profile a window of steps (kernel breakdown)", value=True,
+                          key="profile", help=field_doc("profile"))
+    profile_steps = st.number_input("Profiler window (steps)", min_value=1, max_value=50,
+                                    value=DEFAULTS.profile_steps, key="profile_steps")
+    memory_cap_mb = st.number_input("CPU memory cap (MiB, 0 = none)", min_value=0,
+                                    value=0, key="memory_cap_mb", help=field_doc("memory_cap_mb"))
+    name = st.text_input("Label (optional)", max_chars=80, key="name")
+
+chosen = support[precision]
+if chosen.status == UNSUPPORTED:
+    st.error(f"**{precision}** cannot run on {device.name}: {chosen.reason}")
+elif chosen.status != "native":
+    st.warning(f"**{precision}** on {device.name} is {chosen.status}: {chosen.reason}")
+else:
+    st.info(f"**{precision}** on {device.name}: {chosen.reason}")
+
+
+def build_config(precision_value: str) -> RunConfig:
+    return RunConfig(
+        model=model, size=size, precision=precision_value, batch_size=int(batch_size),
+        steps=int(steps), lr=float(lr), optimizer=optimizer, seed=int(seed),
+        device=device_choice, seq_len=int(seq_len), image_size=int(image_size),
+        channels_last=bool(channels_last), compile=bool(compile_model),
+        grad_scaler_init_scale=float(init_scale),
+        grad_scaler_growth_interval=int(growth_interval), loss_scaling=bool(loss_scaling),
+        log_interval=int(log_interval), warmup_steps=int(warmup_steps), profile=bool(profile),
+        profile_steps=int(profile_steps), memory_cap_mb=int(memory_cap_mb), name=name.strip())
+
+
+def launch_all(precisions: tuple[str, ...]) -> list[str]:
+    """Validate every config first, so a preset launches all of its runs or none."""
+    try:
+        configs = [build_config(p) for p in precisions]
+        from engine.devices import check_runnable
+
+        for cfg in configs:
+            check_runnable(cfg)
+    except ConfigError as exc:
+        st.error(f"Not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
+        return []
+    return [launch(cfg, store) for cfg in configs]
+
+
+col_launch, col_preset = st.columns(2)
+with col_launch:
+    if st.button("Launch run", type="primary", disabled=chosen.status == UNSUPPORTED,
+                 key="launch", width="stretch"):
+        run_ids = launch_all((precision,))
+        if run_ids:
+            open_in_live(run_ids[0])
+with col_preset:
+    preset_runnable = all(support[p].status != UNSUPPORTED for p in COMPARISON_PRESET)
+    if st.button("Compare preset: fp32, fp16-amp, bf16-amp (queued in turn)",
+                 key="preset", disabled=not preset_runnable, width="stretch",
+                 help="Queues the same model and batch size at the three classic precisions; "
+                      "they run one after another on this device so their numbers are fair."):
+        run_ids = launch_all(COMPARISON_PRESET)
+        if run_ids:
+            st.session_state["preset_run_ids"] = run_ids
+            open_in_live(run_ids[0])
+
+with st.expander(f"Precision modes on {device.name}"):
+    st.table([{"mode": m, "status": f"{MODE_ICONS[s.status]} {s.status}", "why": s.reason}
+              for m, s in support.items()])

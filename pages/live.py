@@ -1,0 +1,167 @@
+"""Live: one run's loss, throughput, memory and loss scale, refreshed every second.
+
+The refreshing part is a fragment that reads only the rows after the last step it has
+seen; it stops refreshing once the run has ended.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.downsample import downsample_minmax
+from engine.launcher import read_log_tail, reconcile, stop
+from engine.store import RunNotFound
+from pages import charts
+from pages.ui import (LIVE_RUN_KEY, fmt_bytes, fmt_duration, fmt_num, get_store, status_badge)
+
+REFRESH_S = 1.0
+MAX_PLOT_POINTS = 2000
+_CACHE_KEY = "live_metrics_cache"
+
+store = get_store()
+reconcile(store)  # a dead worker shows as failed here, not as a "running" ghost
+runs = store.list_runs(limit=500)
+
+st.title("Live")
+if not runs:
+    st.info("No runs yet. Start one on the Launch page.")
+    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.stop()
+
+run_ids = [r.id for r in runs]
+labels = {r.id: f"{status_badge(r.status)} · {r.config.label} · {r.id}" for r in runs}
+wanted = st.session_state.get(LIVE_RUN_KEY) or st.query_params.get("run")
+selected = st.selectbox("Run", run_ids, index=run_ids.index(wanted) if wanted in run_ids else 0,
+                        format_func=labels.get, key="live_select")
+if st.session_state.get(LIVE_RUN_KEY) != selected:
+    st.session_state[LIVE_RUN_KEY] = selected
+st.query_params["run"] = selected  # shareable URL for this run
+
+run = store.get_run(selected)
+cfg = run.config
+st.caption(f"{cfg.model}-{cfg.size} · {cfg.precision} · batch {cfg.batch_size} · "
+           f"{cfg.steps} steps · lr {cfg.lr:g} · {cfg.optimizer} · device {run.device_key} "
+           f"({run.device_name or 'unknown'}) · seed {cfg.seed}")
+
+if run.is_active:
+    if st.button("⏹ Stop run", key="stop_run", type="secondary"):
+        with st.spinner("Stopping (SIGTERM, then SIGKILL after 3 s)..."):
+            stop(run.id, store)
+        st.rerun()
+
+
+def metrics_frame(run_id: str) -> pd.DataFrame:
+    """Cached rows of this run plus any new ones (incremental: step > last seen)."""
+    cache = st.session_state.get(_CACHE_KEY)
+    if not cache or cache["run_id"] != run_id:
+        # First read is downsampled so a 100k-step run does not load every row.
+        frame = store.read_metrics(run_id, max_points=MAX_PLOT_POINTS)
+        cache = {"run_id": run_id, "frame": frame}
+    else:
+        last_step = int(cache["frame"]["step"].max()) if len(cache["frame"]) else 0
+        fresh = store.read_metrics(run_id, after_step=last_step, max_points=None)
+        if len(fresh):
+            cache["frame"] = pd.concat([cache["frame"], fresh], ignore_index=True)
+    if len(cache["frame"]) > 2 * MAX_PLOT_POINTS:
+        cache["frame"] = downsample_minmax(cache["frame"], ["loss", "samples_per_s"],
+                                           MAX_PLOT_POINTS).reset_index(drop=True)
+    st.session_state[_CACHE_KEY] = cache
+    return cache["frame"]
+
+
+def progress_block(run, frame: pd.DataFrame) -> None:
+    done, total = run.steps_completed, run.total_steps
+    text = f"step {done} / {total}"
+    if run.status == "running" and len(frame):
+        steady = frame.loc[frame["phase"] == "steady", "step_time_ms"].dropna()
+        step_ms = float((steady if len(steady) else frame["step_time_ms"].dropna()).median())
+        text += f" · ETA {fmt_duration((total - done) * step_ms / 1000.0)}"
+    st.progress(min(1.0, done / total) if total else 0.0, text=text)
+
+
+def status_block(run) -> None:
+    if run.status == "queued":
+        position = store.queue_position(run.id)
+        st.info(f"{status_badge('queued')}: waiting for {run.device_key} (position {position}); "
+                "one run per device at a time keeps throughput numbers honest.")
+    elif run.status == "running":
+        st.success(f"{status_badge('running')} on {run.device_key}")
+    elif run.status == "finished":
+        st.success(f"{status_badge('finished')}" + (f": {run.reason}" if run.reason else ""))
+    else:
+        st.error(f"{status_badge(run.status)}: {run.reason or 'no reason recorded'}")
+
+
+def headline_metrics(run, frame: pd.DataFrame) -> None:
+    summary = run.summary
+    last = frame.iloc[-1] if len(frame) else None
+    steady = frame[frame["phase"] == "steady"] if len(frame) else frame
+    rate_col = "tokens_per_s" if run.config.model == "gpt" else "samples_per_s"
+    rate_unit = "tokens/s" if rate_col == "tokens_per_s" else "samples/s"
+    rate = summary.get(rate_col) or (float(steady[rate_col].median()) if len(steady) else None)
+    step_ms = summary.get("step_time_ms") or (
+        float(steady["step_time_ms"].median()) if len(steady) else None)
+    peak = summary.get("peak_mem_bytes") or (
+        float(frame["mem_peak_bytes"].max()) if len(frame) else None)
+    cols = st.columns(5)
+    cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
+                   help="Latest logged loss (fp32, whatever the mode)")
+    cols[1].metric(f"Throughput ({rate_unit})", fmt_num(rate, 5),
+                   help="Median over steady-state steps (warm-up and profiler window excluded)")
+    cols[2].metric("Step time", fmt_num(step_ms, 4, " ms"))
+    cols[3].metric("Peak memory", fmt_bytes(peak),
+                   help="CUDA: peak allocated. CPU: peak resident set size of the process")
+    mfu = summary.get("mfu")
+    tflops = summary.get("achieved_tflops") or (
+        float(steady["achieved_tflops"].median()) if len(steady) and
+        steady["achieved_tflops"].notna().any() else None)
+    if mfu:
+        cols[4].metric("MFU", f"{100 * mfu:.1f} %", help=summary.get("peak_source", ""))
+    else:
+        cols[4].metric("Achieved TFLOP/s", fmt_num(tflops, 3),
+                       help=summary.get("mfu_note") or "MFU is n/a until the device's peak "
+                       "for this precision is known; achieved TFLOP/s from measured FLOPs")
+
+
+def charts_block(run, frame: pd.DataFrame) -> None:
+    if frame.empty:
+        st.info("Waiting for the first logged step" +
+                (" (the run is queued)." if run.status == "queued" else "..."))
+        return
+    is_cuda = run.device_key.startswith("cuda")
+    rate_col = "tokens_per_s" if run.config.model == "gpt" else "samples_per_s"
+    unit = "tokens" if rate_col == "tokens_per_s" else "samples"
+    left, right = st.columns(2)
+    left.plotly_chart(charts.loss_figure(frame), key="chart_loss")
+    right.plotly_chart(charts.throughput_figure(frame, rate_col, unit), key="chart_throughput")
+    left, right = st.columns(2)
+    left.plotly_chart(charts.memory_figure(frame, is_cuda), key="chart_memory")
+    if run.config.uses_grad_scaler:
+        right.plotly_chart(charts.loss_scale_figure(frame), key="chart_loss_scale")
+    else:
+        right.info("No loss scale: only fp16-amp uses a GradScaler"
+                   + (" (disabled for this run)." if run.config.precision == "fp16-amp" else "."))
+
+
+def live_panel(run_id: str, was_active: bool) -> None:
+    try:
+        current = store.get_run(run_id)
+    except RunNotFound:
+        st.warning("This run no longer exists.")
+        return
+    frame = metrics_frame(run_id)
+    status_block(current)
+    progress_block(current, frame)
+    headline_metrics(current, frame)
+    charts_block(current, frame)
+    if was_active and not current.is_active:
+        st.rerun()  # the run ended: redraw the page once, without the refresh timer
+
+
+st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.is_active)
+
+with st.expander("Worker log"):
+    st.code(read_log_tail(run.id, store) or "(empty)", language="text")
+with st.expander("Run config and summary (JSON)"):
+    st.json({"config": cfg.to_dict(), "summary": run.summary})

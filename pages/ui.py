@@ -1,0 +1,90 @@
+"""Small helpers shared by the pages: the store handle, formatting, status badges.
+
+Not a page itself (app.py lists the pages explicitly with st.navigation). Pages only
+read from the engine, draw, and call the engine: no training logic here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import streamlit as st
+
+from engine.store import Store, StoreError
+
+STATUS_ICONS = {
+    "queued": "⏳", "running": "▶️", "finished": "✅", "failed": "❌",
+    "stopped": "⏹️", "diverged": "💥", "oom": "🧱",
+}
+MODE_ICONS = {"native": "🟢", "emulated": "🟡", "unsupported": "⛔"}
+LIVE_RUN_KEY = "live_run_id"
+
+
+@st.cache_resource(show_spinner=False)
+def _cached_store(home: str | None) -> Store:
+    return Store(home)
+
+
+def get_store() -> Store:
+    """The store for this server, or a clear error and a stopped page (no crash loop)."""
+    import os
+
+    try:
+        return _cached_store(os.environ.get("PRECISION_LAB_HOME"))
+    except StoreError as exc:
+        st.error(f"The data store cannot be used: {exc}")
+        st.stop()
+        raise  # unreachable: st.stop() raises
+
+
+@st.cache_resource(show_spinner=False)
+def cached_devices():
+    from engine.devices import list_devices
+
+    return list_devices()
+
+
+def status_badge(status: str) -> str:
+    return f"{STATUS_ICONS.get(status, '•')} {status}"
+
+
+def fmt_bytes(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:,.1f} {unit}" if unit != "B" else f"{value:,.0f} B"
+        value /= 1024
+    return f"{value:,.1f} TiB"
+
+
+def fmt_num(value, digits: int = 4, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:,.{digits}g}{suffix}"
+
+
+def fmt_duration(seconds) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "n/a"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def fmt_age(timestamp) -> str:
+    if not timestamp:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def open_in_live(run_id: str) -> None:
+    st.session_state[LIVE_RUN_KEY] = run_id
+    st.switch_page("pages/live.py")
