@@ -9,12 +9,12 @@ from pages.ui import MODE_ICONS, cached_devices, fmt_bytes
 st.set_page_config(page_title="Precision Lab", page_icon="🎯", layout="wide")
 
 _PAGES = [
-    ("pages/launch.py", "Launch", "🚀"),
-    ("pages/live.py", "Live", "📈"),
-    ("pages/runs.py", "Runs", "🗂️"),
-    ("pages/compare.py", "Compare", "⚖️"),
-    ("pages/kernels.py", "Kernels", "🔬"),
-    ("pages/check.py", "GPU check", "🩺"),
+    ("pages/launch.py", "Launch", ":material/rocket_launch:"),
+    ("pages/live.py", "Live", ":material/monitoring:"),
+    ("pages/runs.py", "Runs", ":material/table_rows:"),
+    ("pages/compare.py", "Compare", ":material/compare_arrows:"),
+    ("pages/kernels.py", "Kernels", ":material/memory:"),
+    ("pages/check.py", "GPU check", ":material/health_and_safety:"),
 ]
 _ROOT = Path(__file__).parent
 pages = [st.Page(path, title=title, icon=icon, default=(path == "pages/launch.py"))

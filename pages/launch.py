@@ -30,7 +30,8 @@ with left:
         format_func=lambda k: f"auto ({by_key[default_device].name})" if k == "auto"
         else f"{k}: {by_key[k].name}", help=field_doc("device"))
     device = by_key[default_device if device_choice == "auto" else device_choice]
-    model = st.selectbox("Model", choices(ModelName), key="model", help=field_doc("model"))
+    model = st.selectbox("Model", choices(ModelName), key="model", help=field_doc("model"),
+                         index=choices(ModelName).index(DEFAULTS.model))
     size = st.selectbox("Size", choices(ModelSize), key="size", help=field_doc("size"))
     support = {mode: mode_support(device, Precision(mode)) for mode in choices(Precision)}
     precision = st.selectbox(

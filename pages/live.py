@@ -97,6 +97,8 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     summary = run.summary
     last = frame.iloc[-1] if len(frame) else None
     steady = frame[frame["phase"] == "steady"] if len(frame) else frame
+    if steady.empty:
+        steady = frame.tail(3)  # before the first steady step: latest values, not n/a
     rate_col = "tokens_per_s" if run.config.model == "gpt" else "samples_per_s"
     rate_unit = "tokens/s" if rate_col == "tokens_per_s" else "samples/s"
     rate = summary.get(rate_col) or (float(steady[rate_col].median()) if len(steady) else None)
@@ -144,7 +146,7 @@ def charts_block(run, frame: pd.DataFrame) -> None:
                    + (" (disabled for this run)." if run.config.precision == "fp16-amp" else "."))
 
 
-def live_panel(run_id: str, was_active: bool) -> None:
+def live_panel(run_id: str, status_at_load: str) -> None:
     try:
         current = store.get_run(run_id)
     except RunNotFound:
@@ -155,11 +157,13 @@ def live_panel(run_id: str, was_active: bool) -> None:
     progress_block(current, frame)
     headline_metrics(current, frame)
     charts_block(current, frame)
-    if was_active and not current.is_active:
-        st.rerun()  # the run ended: redraw the page once, without the refresh timer
+    if current.status != status_at_load:
+        # queued -> running -> ended: redraw the whole page once (labels, stop button),
+        # and without the refresh timer once the run has ended.
+        st.rerun()
 
 
-st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.is_active)
+st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.status)
 
 with st.expander("Worker log"):
     st.code(read_log_tail(run.id, store) or "(empty)", language="text")
