@@ -7,6 +7,7 @@ gradient norms and skipped-step counts stay on the device in between.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import shutil
@@ -25,6 +26,7 @@ from .precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
 
 WARMUP, STEADY, PROFILE = "warmup", "steady", "profile"
 TRACE_FILENAME = "trace.json.gz"
+ONEDNN_LOG_FILENAME = "onednn_verbose.log"
 
 
 class Diverged(RuntimeError):
@@ -175,17 +177,26 @@ class ProfilerWindow:
         self.device = device
         self.run_dir = run_dir
         self.prof = None
+        self.stack: contextlib.ExitStack | None = None
         self.trace_path: Path | None = None
+        self.onednn_log_path: Path | None = None
 
     def before_step(self, step: int, phase: str) -> None:
         if self.enabled and phase == PROFILE and self.prof is None and self.trace_path is None:
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU]
+            self.stack = contextlib.ExitStack()
             if self.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
-            self.prof = profile(activities=activities, record_shapes=True)
-            self.prof.__enter__()
+            else:
+                # The CPU's evidence: which oneDNN implementation ran each primitive.
+                from .cpu_evidence import capture_onednn_verbose
+
+                self.onednn_log_path = self.run_dir / ONEDNN_LOG_FILENAME
+                self.stack.enter_context(capture_onednn_verbose(self.onednn_log_path))
+            self.prof = self.stack.enter_context(
+                profile(activities=activities, record_shapes=True))
 
     def after_step(self, step: int, next_phase: str | None) -> bool:
         """Close the window after its last step; True when a trace was written now."""
@@ -193,10 +204,10 @@ class ProfilerWindow:
             return False
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.prof.__exit__(None, None, None)
+        prof, self.prof = self.prof, None
+        self.stack.close()
         plain = self.run_dir / "trace.json"
-        self.prof.export_chrome_trace(str(plain))
-        self.prof = None
+        prof.export_chrome_trace(str(plain))
         self.trace_path = self.run_dir / TRACE_FILENAME
         with open(plain, "rb") as src, gzip.open(self.trace_path, "wb", compresslevel=5) as dst:
             shutil.copyfileobj(src, dst)
@@ -245,7 +256,7 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
 def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]], None],
           should_stop: Callable[[], bool] = lambda: False, run_dir: Path | None = None,
           peak_flops: float | None = None,
-          on_trace: Callable[[Path], None] | None = None) -> TrainResult:
+          on_window: Callable[["ProfilerWindow", str], None] | None = None) -> TrainResult:
     """Train `cfg` on `device_key`, calling `emit(rows)` at each log boundary.
 
     `peak_flops` (FLOP/s of the device at this precision) turns achieved FLOP/s into MFU;
@@ -301,8 +312,8 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
                 final_loss = loss_value
                 _check_finite(cfg, step, loss_value, loss_scale)
             interval = _Interval(start_s=time.perf_counter())
-        if wrote_trace and on_trace is not None:
-            on_trace(profiler.trace_path)
+        if wrote_trace and on_window is not None:
+            on_window(profiler, trainer.plan.compute_dtype_name)
             interval = _Interval(start_s=time.perf_counter())  # export time is not a step
 
     samples_per_s = (steady_steps * trainer.samples_per_step / steady_time_s) if steady_time_s else None

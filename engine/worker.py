@@ -147,14 +147,24 @@ def run_trainer(run_id: str, store: Store) -> int:
         return 0
     import torch
 
+    from .run_analysis import analyze_window
     from .train import Diverged, train
 
     cfg = run.config
     buffer = MetricBuffer(store, run_id)
     print(f"[trainer] run {run_id}: {cfg.to_json()} on {run.device_key}", flush=True)
+    def on_window(window, compute_dtype: str) -> None:
+        # The analysis must never cost the run: a failure is recorded, not raised.
+        try:
+            analyze_window(store, run_id, run.device_key, window.trace_path,
+                           window.onednn_log_path, compute_dtype)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
+            traceback.print_exc()
+            store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
+
     try:
         result = train(cfg, run.device_key, emit=buffer, should_stop=lambda: stop.requested,
-                       run_dir=store.run_dir(run_id))
+                       run_dir=store.run_dir(run_id), on_window=on_window)
     except Diverged as exc:
         buffer.flush()
         store.set_status(run_id, DIVERGED, str(exc))

@@ -1,0 +1,66 @@
+"""After a run's profiler window: turn the trace (GPU) or the oneDNN log (CPU) into the
+kernel table and the Tensor-Core verdict stored with the run.
+
+Runs in the trainer process right after the window closes; its time is excluded from
+the step timings (the training loop restarts its interval clock afterwards).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .store import Store
+
+NO_KERNELS_ERROR = ("the profiler recorded no GPU kernel events on a CUDA run: CUPTI "
+                    "probably failed silently (driver/CUPTI mismatch, or profiling not "
+                    "permitted for this user); the Tensor-Core verdict is unavailable")
+
+
+def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path | None,
+                   onednn_log_path: Path | None, compute_dtype: str) -> dict[str, Any]:
+    """Store the kernel table and return the summary fields it produced."""
+    summary: dict[str, Any] = {"compute_dtype": compute_dtype}
+    if trace_path is not None:
+        summary["trace_file"] = trace_path.name
+    if device_key.startswith("cuda") and trace_path is not None:
+        summary.update(_gpu_kernels(store, run_id, trace_path))
+    if onednn_log_path is not None:
+        summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype)
+    store.merge_summary(run_id, summary)
+    return summary
+
+
+def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
+    from .traces import breakdown, load_kernel_table, trace_device
+
+    table = load_kernel_table(trace_path)
+    if table.empty:
+        return {"profile_error": NO_KERNELS_ERROR}
+    result = breakdown(table, device=trace_device(trace_path))
+    store.write_kernels(run_id, kernel_rows(table))
+    keep = ("total_kernel_us", "tensor_core_us", "tensor_core_share", "matrix_us",
+            "matrix_tensor_core_share", "categories", "verdict", "could_have_didnt")
+    return {"kernels": {key: result.get(key) for key in keep}}
+
+
+def kernel_rows(table) -> list[dict[str, Any]]:
+    """One row per (kernel name, launching op): what the store's kernels table holds."""
+    grouped = (table.groupby(["name", "cpu_op"], dropna=False)
+               .agg(total_us=("dur_us", "sum"), count=("dur_us", "size"),
+                    category=("category", "first"), tensor_core=("tensor_core", "first"),
+                    dtype=("dtype", "first"), reason=("reason", "first"))
+               .reset_index())
+    return grouped.to_dict("records")
+
+
+def _cpu_evidence(log_path: Path, compute_dtype: str) -> dict[str, Any]:
+    from .cpu_evidence import cpu_verdict, parse_onednn_verbose
+    from .devices import read_cpu_flags
+
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError as exc:
+        return {"verdict": "unknown", "headline": f"oneDNN log unreadable: {exc.strerror}",
+                "evidence": []}
+    return cpu_verdict(parse_onednn_verbose(text), compute_dtype, read_cpu_flags())
