@@ -126,6 +126,29 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
                        "for this precision is known; achieved TFLOP/s from measured FLOPs")
 
 
+def matrix_unit_badge(run) -> None:
+    """After the profiler window: did the matrix work run on the matrix unit?"""
+    summary = run.summary
+    if summary.get("profile_error"):
+        st.error(f"Profiler: {summary['profile_error']}")
+    verdict = (summary.get("kernels") or {}).get("verdict")
+    if verdict:
+        icon = {"yes": "🟢", "partly": "🟡", "no": "🔴"}.get(verdict.get("tensor_cores"), "⚪")
+        st.markdown(f"{icon} **{verdict.get('headline', '')}**")
+        if verdict.get("evidence"):
+            st.caption("Evidence: " + ", ".join(f"`{name[:80]}`" for name in verdict["evidence"][:3]))
+    cpu = summary.get("cpu_evidence")
+    if cpu:
+        icon = "🟢" if cpu["verdict"] in ("AMX tiles", "native bf16 dot products (avx512_core_bf16)",
+                                          "native fp16 arithmetic (avx512_core_fp16)") else (
+            "⚪" if cpu["verdict"] in ("not applicable", "unknown") else "🟡")
+        st.markdown(f"{icon} **CPU matrix unit:** {cpu['headline']}")
+        if cpu.get("evidence"):
+            st.caption("oneDNN evidence: " + ", ".join(f"`{e}`" for e in cpu["evidence"][:4]))
+    if verdict or cpu:
+        st.page_link("pages/kernels.py", label="Kernel breakdown", icon=":material/memory:")
+
+
 def charts_block(run, frame: pd.DataFrame) -> None:
     if frame.empty:
         st.info("Waiting for the first logged step" +
@@ -156,6 +179,7 @@ def live_panel(run_id: str, status_at_load: str) -> None:
     status_block(current)
     progress_block(current, frame)
     headline_metrics(current, frame)
+    matrix_unit_badge(current)
     charts_block(current, frame)
     if current.status != status_at_load:
         # queued -> running -> ended: redraw the whole page once (labels, stop button),
