@@ -105,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--json", action="store_true")
     stop.set_defaults(func=cmd_stop)
 
+    maxbatch = sub.add_parser("maxbatch", help="find the largest batch size that fits "
+                              "(bounded search of short probes)")
+    _add_config_options(maxbatch)
+    maxbatch.add_argument("--run", dest="run_id", default=None,
+                          help="search with this run's config and device; stores the result "
+                               "in the run (other config options are then ignored)")
+    maxbatch.add_argument("--max-batch", type=_typed(int, "--max-batch"), default=4096,
+                          help="upper bound of the search (default 4096)")
+    maxbatch.add_argument("--max-probes", type=_typed(int, "--max-probes"), default=10)
+    maxbatch.add_argument("--json", action="store_true")
+    maxbatch.set_defaults(func=cmd_maxbatch)
+
     _add_optional_commands(sub)
     return parser
 
@@ -235,6 +247,40 @@ def _format_summary(summary: dict[str, Any]) -> str:
             value = f"{value:,.4g}"
         lines.append(f"  {key:<18} {value}")
     return "\n".join(lines)
+
+
+def cmd_maxbatch(args: argparse.Namespace) -> int:
+    from .batch_search import find_max_batch
+    from .devices import check_runnable
+
+    if args.max_batch < 1 or args.max_probes < 1:
+        raise UsageError(f"--max-batch {args.max_batch} / --max-probes {args.max_probes}: "
+                         "both must be at least 1")
+    store = Store()
+    if args.run_id:
+        run = store.get_run(_valid_run_id(args.run_id))
+        cfg, device_key = run.config, run.device_key
+    else:
+        cfg = config_from_args(args)
+        try:
+            device_key = check_runnable(cfg)[0].key
+        except ConfigError as exc:
+            raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+
+    def progress(message: dict) -> None:
+        verdict = "fits" if message["fits"] else f"does not fit ({message['reason'][:80]})"
+        print(f"  batch {message['probe']:>6}: {verdict}", file=sys.stderr)
+
+    result = find_max_batch(cfg, device_key, args.max_batch, args.max_probes, progress)
+    if args.run_id:
+        store.merge_summary(args.run_id, {"max_batch_fit": result["max_batch_fit"],
+                                          "max_batch_search": result})
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"largest batch that fits: {result['max_batch_fit']}"
+              + ("" if result.get("complete") else " (search incomplete)"))
+    return EXIT_OK if result["max_batch_fit"] else EXIT_RUN_FAILED
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -189,6 +189,32 @@ def live_panel(run_id: str, status_at_load: str) -> None:
 
 st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.status)
 
+def batch_search_block(run) -> None:
+    """Offered after an OOM (and for any ended run): a bounded search of short probes."""
+    found = run.summary.get("max_batch_fit")
+    if found:
+        st.info(f"Largest batch that fits (measured): **{found}**")
+    label = ("Find the largest batch that fits" if run.status == "oom"
+             else "Measure the largest batch that fits")
+    if not st.button(label, key="find_max_batch"):
+        return
+    from engine.batch_search import find_max_batch
+
+    with st.status("Probing batch sizes (two training steps each)...", expanded=True) as box:
+        def progress(message: dict) -> None:
+            st.write(f"batch {message['probe']}: " + ("fits" if message["fits"]
+                     else f"does not fit ({message['reason'][:100]})"))
+
+        result = find_max_batch(run.config, run.device_key, progress=progress)
+        store.merge_summary(run.id, {"max_batch_fit": result["max_batch_fit"],
+                                     "max_batch_search": result})
+        box.update(label=f"Largest batch that fits: {result['max_batch_fit']}"
+                   + ("" if result.get("complete") else " (search incomplete)"), state="complete")
+
+
+if not run.is_active:
+    batch_search_block(run)
+
 with st.expander("Worker log"):
     st.code(read_log_tail(run.id, store) or "(empty)", language="text")
 with st.expander("Run config and summary (JSON)"):
