@@ -38,7 +38,7 @@ TENSOR_CORE_VALUES = ("yes", "no", "unknown")
 class KernelVerdict:
     category: str          # one of KERNEL_CATEGORIES
     tensor_core: str       # "yes" | "no" | "unknown"
-    dtype: str | None      # "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8", "fp64", "complex64"
+    dtype: str | None      # fp32 tf32 fp16 bf16 fp8 fp4 int8 fp64 complex64, None if unsaid
     reason: str            # names the token or family that decided
 
 
@@ -102,21 +102,41 @@ def demangle_hint(name: str) -> str:
 _DTYPE_PATTERNS = tuple((dtype, re.compile(pattern)) for dtype, pattern in (
     ("fp8", r"e4m3|e5m2|fp8|float8|f8f8|qgmma"),
     ("fp4", r"e2m1|fp4|nvf4|mxf4"),
-    ("int8", r"int8|(?<![a-z0-9])[iu]8(?![0-9])|s8s8|imma|i8816|i16832"),
+    ("int8", r"int8|(?<![a-z0-9])[ius]8(?![0-9])|s8s8|imma|i8816|i16832"),
     ("tf32", r"tf32|tfloat32"),
     ("bf16", r"bf16|bfloat16"),
-    ("fp16", r"(?<!b)f16|fp16|half|(?<![a-z0-9])h(?:884|1688|16816|16832)"),
+    ("fp16", r"(?<!b)f16|fp16|half|(?<![a-z0-9])h(?:884|1688|16816|16832|gemm|cudnn)"),
     ("fp64", r"f64|fp64|double|dgemm|dmma"),
     ("complex64", r"(?<![a-z])g?cgemm|complex"),
     ("fp32", r"f32|fp32|(?<![a-z0-9])float(?![0-9a-z])|sgemm|scudnn|ffma"),
 ))
 
 
+# Template arguments that spell a dtype word without meaning that dtype: vLLM's
+# Fp8KVCacheDataType 0 is "auto": the cache is not fp8.
+_NOT_A_DTYPE = re.compile(r"\(vllm::fp8kvcachedatatype\)0")
+
+
 def _dtype_in(text: str) -> str | None:
+    """Matrix kernels: the narrowest type named anywhere (their inputs)."""
+    text = _NOT_A_DTYPE.sub("", text)
     for dtype, pattern in _DTYPE_PATTERNS:
         if pattern.search(text):
             return dtype
     return None
+
+
+def _first_dtype_in(text: str) -> str | None:
+    """Elementwise/reduction kernels: the first type named, i.e. the kernel's own template
+    argument (`softmax_warp_forward<c10::BFloat16, ...>`), not a type buried in the
+    argument list (`uniform_kernel(..., double, double)`)."""
+    text = _NOT_A_DTYPE.sub("", text)
+    best_pos, best_dtype = len(text) + 1, None
+    for dtype, pattern in _DTYPE_PATTERNS:
+        match = pattern.search(text)
+        if match and match.start() < best_pos:
+            best_pos, best_dtype = match.start(), dtype
+    return best_dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,7 +148,7 @@ def _dtype_in(text: str) -> str | None:
 _MEMCPY_EVENT = re.compile(r"^(?:memcpy|memset)\b|cudamemcpy|cudamemset")
 _COMMUNICATION = re.compile(
     r"nccl|nvshmem|multimem_all_?reduce|cross_device_reduce|custom_?all_?reduce"
-    r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|userbuffers")
+    r"|(?<![a-z])(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv)|userbuffers")
 
 
 def _rule_transfer_and_comm(name: str, text: str) -> KernelVerdict | None:
@@ -136,7 +156,7 @@ def _rule_transfer_and_comm(name: str, text: str) -> KernelVerdict | None:
         return _no("memcpy/memset", None, "memcpy/memset: copy engine or fill, no math")
     match = _COMMUNICATION.search(text)
     if match:
-        return _no("communication", _dtype_in(text),
+        return _no("communication", _first_dtype_in(text),
                    f"'{match.group()}': collective communication kernel (CUDA cores)")
     return None
 
@@ -153,9 +173,9 @@ _HELPERS = (
      "memcpy/memset", "KV-cache / page copy"),
     (re.compile(r"splitkreduce|reducesplitk|split_k_reduce|splitk_reduce|reduce_wgrad"),
      "reduction/norm", "split-K reduction after a GEMM/conv (CUDA cores)"),
-    (re.compile(r"compute\w*offsets\w*kernel|offsetskernel"),
+    (re.compile(r"cudnn\w*::compute\w*kernel"),
      "other", "cuDNN offset computation helper (CUDA cores)"),
-    (re.compile(r"nchwtonhwc|nhwctonchw|nchw2nhwc|nhwc2nchw|transpose_readwrite|transpose_kernel"),
+    (re.compile(r"nchwtonhwc|nhwctonchw|transpose_readwrite|transpose_kernel"),
      "memcpy/memset", "layout transform (CUDA cores)"),
     (re.compile(r"epilogue::impl|scalepackedtensor|(?<![a-z])scal_kernel|axpy_kernel"),
      "elementwise", "BLAS/cuDNN elementwise helper (CUDA cores)"),
@@ -185,9 +205,12 @@ def _rule_triton(name: str, text: str) -> KernelVerdict | None:
     kind = match.group("kind") if match else ""
     if kind in _TRITON_NON_MATRIX_KINDS:
         category = "softmax" if "softmax" in text else _TRITON_NON_MATRIX_KINDS[kind]
-        return _no(category, _dtype_in(text),
+        return _no(category, _first_dtype_in(text),
                    f"'triton_{kind}_': Inductor pointwise/reduction kernel, no tl.dot")
-    category = _matrix_category(text) or "gemm"
+    if kind == "tem":  # Inductor templates are matmuls or convolutions
+        category = "conv" if _CONV_HINT.search(text) else "gemm"
+    else:
+        category = _matrix_category(text) or _content_category(text)
     return _unknown(category, _dtype_in(text),
                     "Triton kernel: the name carries no evidence of the math unit")
 
@@ -237,8 +260,8 @@ def _rule_attention(name: str, text: str) -> KernelVerdict | None:
         return _mem_efficient_attention(match.group("dtype"), int(match.group("sm")),
                                         match.group())
     match = _ATTENTION_TEMPLATE.search(text)
-    if match:
-        sm = int(match.group("sm1") or match.group("sm2") or 0)
+    if match and (match.group("sm1") or match.group("sm2")):
+        sm = int(match.group("sm1") or match.group("sm2"))
         return _mem_efficient_attention(match.group("dtype"), sm, match.group())
     match = _FLASH.search(text)
     if match:
@@ -300,7 +323,8 @@ def _rule_nvjet(name: str, text: str) -> KernelVerdict | None:
 _XMMA = re.compile(r"(?:^|_)sm(?P<sm>\d+)_xmma_(?P<op>[a-z]+)")
 _XMMA_SIMT = re.compile(r"_(?:ffma|hfma2|dfma|simt)(?:_|$)")
 _XMMA_MMA = re.compile(r"tensor\d+x\d+x\d+|warpgroupsize|gmma|hmma|imma|dmma")
-_XMMA_TRAITS = re.compile(r"xmma\w*::.*?(?P<token>(?:volta|turing|ampere|hopper)_[hid]mma\w*?_traits)")
+_XMMA_TRAITS = re.compile(
+    r"xmma\w*::.*?(?P<token>(?:volta|turing|ampere|hopper)_[hid]mma\w*?_traits)")
 _XMMA_TC_MATH_TYPES = re.compile(r"_(?:tf32|bf16|f16|e4m3|e5m2|s8|i8)")
 
 
@@ -328,18 +352,16 @@ def _rule_xmma(name: str, text: str) -> KernelVerdict | None:
 
 # --- trtllm-gen batched GEMMs (Blackwell): bmm_<out>_<a><b>_<acc>_t<tile>..._sm100f -------
 
-_TRTLLM_GEMM = re.compile(
-    r"^b?mm_(?P<out>[a-z0-9]+)_(?P<ab>[a-z0-9]+)_(?:fp32|fp16|int32)_t\d+x\d+x\d+\w*_sm(?P<sm>\d+)[a-z]?$"
-    r"|^gemm_(?P<out2>[a-z0-9]+)_(?P<ab2>[a-z0-9]+)_(?:fp32|fp16|int32)_t\d+x\d+x\d+\w*_sm(?P<sm2>\d+)[a-z]?$")
+_TRTLLM_GEMM = re.compile(r"^(?:bmm|mm|gemm)_(?P<out>[a-z0-9]+)_(?P<ab>[a-z0-9]+)"
+                          r"_(?:fp32|fp16|int32)_t\d+x\d+x\d+\w*_sm(?P<sm>\d+)[a-z]?$")
 
 
 def _rule_trtllm_gemm(name: str, text: str) -> KernelVerdict | None:
     match = _TRTLLM_GEMM.match(text)
     if not match:
         return None
-    sm = int(match.group("sm") or match.group("sm2"))
-    inputs = match.group("ab") or match.group("ab2")
-    dtype = _dtype_in(inputs) or _dtype_in(text)
+    sm = int(match.group("sm"))
+    dtype = _dtype_in(match.group("ab")) or _dtype_in(text)
     if sm >= 90:
         return _yes("gemm", dtype, f"trtllm-gen GEMM built for sm{sm} (tcgen05 / wgmma)")
     return _unknown("gemm", dtype, f"trtllm-gen GEMM built for sm{sm}")
@@ -361,16 +383,25 @@ _NEW_TC_ARCHES = ("ampere", "hopper", "ada", "blackwell")
 
 
 def _mma_shape_dtype(text: str, shape: str, arch: str) -> str | None:
-    """dtype of a legacy MMA-shape kernel; the type prefix is optional in these names."""
+    """dtype of a legacy MMA-shape kernel; the type prefix is optional in these names.
+
+    The letter before the shape is the accumulate/compute type (h884: fp16, i8816: int8,
+    d884: fp64); "s" (fp32 accumulate) says nothing about the inputs.
+    """
     dtype = _dtype_in(text.replace(shape, ""))
     if dtype not in (None, "fp32"):
         return dtype
+    accumulate = re.search(rf"(?<![0-9a-z])([hid]){shape}", text)
+    if accumulate:
+        return {"h": "fp16", "i": "int8", "d": "fp64"}[accumulate.group(1)]
     if shape == "884":
         return "fp16"          # Volta HMMA only takes fp16
     if shape == "8816":
         return "int8"
-    if shape == "1688" and arch not in ("volta", "turing", "75", "sm75"):
+    if shape == "1688" and arch not in ("turing", "75", "sm75"):
         return "tf32"          # cutlass_80_tensorop_s1688gemm: fp32 tensors, TF32 MMA
+    if shape == "1688":
+        return "fp16"          # Turing has no TF32: s1688 there is fp16 x fp16 -> fp32
     return dtype
 
 
@@ -400,8 +431,8 @@ def _rule_legacy_sass(name: str, text: str) -> KernelVerdict | None:
 # cutlass_tensorop_s1688fprop_..., cutlass3x_sm90_tensorop_gemm_...; templated instances
 # (demangled or not) carry MmaTensorOp / OpClassTensorOp / Gmma / Umma or Simt classes.
 
-_CUTLASS_NAMED = re.compile(r"cutlass(?:3x)?(?:_sm)?(?:_\d+)?_(?P<cls>wmma_tensorop|tensorop|simt)_"
-                            r"(?P<rest>\w+)")
+_CUTLASS_NAMED = re.compile(r"cutlass(?:3x)?(?:_sm(?P<sm>\d+)|_(?P<arch>\d+))?"
+                            r"_(?P<cls>wmma_tensorop|tensorop|simt)_(?P<rest>\w+)")
 _CUTLASS_ANY = re.compile(r"cutlass")
 
 
@@ -414,7 +445,8 @@ def _rule_cutlass_named(name: str, text: str) -> KernelVerdict | None:
     if cls == "simt":
         return _no(category, _dtype_in(rest), "CUTLASS 'simt' kernel (CUDA-core FMA)")
     mma = _MMA_SHAPE.search(rest)
-    dtype = _mma_shape_dtype(rest, mma.group("shape"), "") if mma else _dtype_in(rest)
+    arch = match.group("sm") or match.group("arch") or ""
+    dtype = _mma_shape_dtype(rest, mma.group("shape"), arch) if mma else _dtype_in(rest)
     return _yes(category, dtype, f"CUTLASS '{cls}' kernel (Tensor Core MMA)")
 
 
@@ -448,15 +480,19 @@ def _rule_cuda_core_matrix(name: str, text: str) -> KernelVerdict | None:
 # --- generic evidence anywhere in the name (templated CUTLASS/CuTe, custom kernels) ------
 
 _TC_TOKENS = re.compile(
-    r"mmatensorop|opclasstensorop|tensorop|wmma|(?<![a-z])[hiqd]?gmma|wgmma|hmma|imma(?![a-z])"
-    r"|tcgen05|(?<![a-z])umma|sm100_mma|sm\d+_\d+x\d+x\d+_[a-z0-9]+_[st]s|m16n8k(?:8|16|32)"
-    r"|marlin|tinygemm")
-_SIMT_TOKENS = re.compile(r"opclasssimt|mmasimt|(?<![a-z])simt|(?<![a-z])ffma(?![a-z])|sgemm")
+    r"mmatensorop|opclasstensorop|tensorop|wmma|gmma|hmma|(?<![a-z])imma(?![a-z])|tcgen05"
+    r"|(?<![a-z])umma|sm1\d\d_mma|sm(?:75|8\d|9\d|1\d\d)_\d+x\d+x\d+_[a-z0-9]+"
+    r"|m16n8k(?:8|16|32)|marlin|tinygemm")
+# CuTe/CUTLASS 3 spell Blackwell MMA classes "Umma" inside camel-case words; lower-cased,
+# "umma" would also hit "summary", so this one is matched on the original spelling.
+_TC_TOKENS_CASED = re.compile(r"Umma|UMMA")
+_SIMT_TOKENS = re.compile(r"opclasssimt|mmasimt|(?<![a-z])simt|(?<![a-z])ffma(?![a-z])|sgemm"
+                          r"|universalfma")
 
 
 def _rule_generic_evidence(name: str, text: str) -> KernelVerdict | None:
     simt = _SIMT_TOKENS.search(text)
-    tensor = _TC_TOKENS.search(text)
+    tensor = _TC_TOKENS.search(text) or _TC_TOKENS_CASED.search(name)
     category = _matrix_category(text) or "gemm"
     if tensor and not simt:
         return _yes(category, _dtype_in(text), f"'{tensor.group()}' in name (Tensor Core MMA)")
@@ -465,20 +501,40 @@ def _rule_generic_evidence(name: str, text: str) -> KernelVerdict | None:
     if simt and tensor:
         return _unknown(category, _dtype_in(text),
                         f"both '{tensor.group()}' and '{simt.group()}' in name")
-    if _CUTLASS_ANY.search(text) and _matrix_category(text):
+    if _CUTLASS_ANY.search(_without_parameters(text)) and _matrix_category(text):
         return _unknown(category, _dtype_in(text), "CUTLASS kernel without an MMA class token")
     return None
 
 
 # --- everything else: content words -> category; no matrix token -> "no" ---------------
 
-_ATTENTION_HINT = re.compile(r"attention|attn|fmha|(?<![a-z])mha|sdpa|flash|^_fwd_kernel|^_bwd_kernel")
+_ATTENTION_HINT = re.compile(r"attention|attn|fmha|(?<![a-z])mha|sdpa|flash_|flash::|^_fwd_kernel"
+                             r"|^_bwd_kernel")
 _CONV_HINT = re.compile(r"conv(?!ert)|fprop|dgrad|wgrad|implicit_?gemm")
-_GEMM_HINT = re.compile(r"gemm|matmul|(?<![a-z])b?mm(?![a-z])|(?<![a-z])mma|cublas|nvjet|xmma"
-                        r"|fused_moe|grouped_gemm|machete|cutlass")
+_GEMM_HINT = re.compile(r"gemm|matmul|(?<![a-z])(?:add|badd)?b?mm(?![a-z])|(?<![a-z])mma|cublas"
+                        r"|nvjet|xmma|fused_moe|grouped_gemm|machete|cutlass")
+
+
+def _without_parameters(text: str) -> str:
+    """`void ns::k<T>(cutlass::bfloat16_t*, flashinfer::Layout)` -> `void ns::k<T>`.
+
+    Hints are read from the kernel's own name; argument types (a cutlass dtype, a
+    flashinfer enum) say nothing about what the kernel computes."""
+    if not text.endswith(")"):
+        return text
+    depth = 0
+    for pos in range(len(text) - 1, -1, -1):
+        if text[pos] == ")":
+            depth += 1
+        elif text[pos] == "(":
+            depth -= 1
+            if depth == 0:
+                return text[:pos]
+    return text
 
 
 def _matrix_category(text: str) -> str | None:
+    text = _without_parameters(text)
     if _ATTENTION_HINT.search(text):
         return "attention"
     if _CONV_HINT.search(text):
@@ -494,20 +550,24 @@ _NON_MATRIX_FAMILIES = re.compile(
     r"at::native::|at_cuda_detail|(?<![a-z])cub::|thrust::|cunn_|cudnn::bn_|cudnn::ops::"
     r"|fbgemm_gpu::|split_embedding|moe::dev::|vllm::(?:rms|fused_add|rotary|scaled|silu|gelu)")
 
+# First match wins: specific words before generic ones ("reduce_kernel<...sum_functor>"
+# is a reduction although "functor" also names elementwise kernels).
 _CONTENT_CATEGORIES = tuple((category, re.compile(pattern)) for category, pattern in (
     ("reduction/norm", r"lpnorm|l2norm"),
     ("optimizer", r"adam|(?<![a-z])sgd|adagrad|lamb(?![a-z])|lion|rmsprop|optimizer|momentum"
                   r"|multi_tensor_apply|_amp_foreach|amp_update_scale|non_finite_check"),
     ("softmax", r"softmax"),
+    ("reduction/norm", r"norm(?!al)|moments|welford|bn_fw|bn_bw|batchnorm|gammabeta"
+                       r"|reduce_kernel|reduceop|argmax|argmin|max_pool|avg_pool|adaptive_\w*pool"
+                       r"|pooling|nll|criterion|loss|cross_entropy"),
+    ("memcpy/memset", r"copy|fill|catarray|cat_array|concat|transpose|permute|memcpy|memset"),
+    ("elementwise", r"elementwise|functor|vectorized|unrolled|dropout|distribution|rotary|rope"),
     ("other", r"routing|(?<![a-z])moe|sort|topk|embedding|index|gather|scatter|histogram"
               r"|bucketize|bounds_check|offsets_range"),
-    ("reduction/norm", r"norm(?!al)|moments|welford|bn_fw|bn_bw|gammabeta|reduce|scan"
-                       r"|argmax|argmin|pool|nll|criterion|loss|cross_entropy|sum_functor"),
-    ("memcpy/memset", r"copy|fill|catarray|cat_array|concat|transpose|permute|memcpy|memset"),
-    ("elementwise", r"elementwise|functor|vectorized|unrolled|dropout|distribution|gelu|relu"
-                    r"|silu|swiglu|sigmoid|tanh|exp|log|rotary|rope|quant|scale|bias|activation"
-                    r"|pointwise|add|mul|div|sub|where|clamp|cast|convert|threshold|masked|arange"
-                    r"|to_float"),
+    ("elementwise", r"gelu|relu|silu|swiglu|sigmoid|tanh|exp|log|rotary|rope|quant|scale|bias"
+                    r"|activation|pointwise|add|mul|div|sub|where|clamp|cast|convert|threshold"
+                    r"|masked|arange|to_float"),
+    ("reduction/norm", r"reduce|scan|sum|mean"),
 ))
 
 
@@ -520,8 +580,8 @@ def _content_category(text: str) -> str:
 
 def _rule_non_matrix_family(name: str, text: str) -> KernelVerdict | None:
     match = _NON_MATRIX_FAMILIES.search(text)
-    if match:
-        return _no(_content_category(text), _dtype_in(text),
+    if match and not _TC_TOKENS.search(text):  # at::native::tinygemm_m16n8k16 does use MMA
+        return _no(_content_category(text), _first_dtype_in(text),
                    f"'{match.group()}' kernel family: no matrix multiply (CUDA cores)")
     return None
 
@@ -545,8 +605,8 @@ _RULES = (
     _rule_legacy_sass,
     _rule_cutlass_named,
     _rule_cuda_core_matrix,
-    _rule_generic_evidence,
     _rule_non_matrix_family,
+    _rule_generic_evidence,
     _rule_matrix_hint,
 )
 
@@ -563,5 +623,5 @@ def classify_kernel(name: str) -> KernelVerdict:
         if verdict is not None:
             return verdict
     category = _content_category(text)
-    return _no(category, _dtype_in(text),
+    return _no(category, _first_dtype_in(text),
                "no matrix-multiply token in the name (only GEMM/conv/attention use Tensor Cores)")

@@ -32,26 +32,16 @@ def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path 
 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
-    from .traces import breakdown, load_kernel_table, trace_device
+    from .traces import breakdown, kernel_summary_rows, load_kernel_table, trace_device
 
     table = load_kernel_table(trace_path)
     if table.empty:
         return {"profile_error": NO_KERNELS_ERROR}
     result = breakdown(table, device=trace_device(trace_path))
-    store.write_kernels(run_id, kernel_rows(table))
+    store.write_kernels(run_id, kernel_summary_rows(table))
     keep = ("total_kernel_us", "tensor_core_us", "tensor_core_share", "matrix_us",
             "matrix_tensor_core_share", "categories", "verdict", "could_have_didnt")
     return {"kernels": {key: result.get(key) for key in keep}}
-
-
-def kernel_rows(table) -> list[dict[str, Any]]:
-    """One row per (kernel name, launching op): what the store's kernels table holds."""
-    grouped = (table.groupby(["name", "cpu_op"], dropna=False)
-               .agg(total_us=("dur_us", "sum"), count=("dur_us", "size"),
-                    category=("category", "first"), tensor_core=("tensor_core", "first"),
-                    dtype=("dtype", "first"), reason=("reason", "first"))
-               .reset_index())
-    return grouped.to_dict("records")
 
 
 def _cpu_evidence(log_path: Path, compute_dtype: str) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""`classify` and `kernels` commands (engine.cli_kernels).
+
+In-process through a tiny argparse harness (what engine/cli.py does with add_subparsers),
+and end to end through `python -m engine` once engine/__main__.py exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import cli_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "tests" / "data" / "traces"
+BERT = TRACES / "h100_bert_small_tracelens.json.gz"
+GP100 = TRACES / "gp100_pascal_hta.json.gz"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine")
+    cli_kernels.add_subparsers(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+def test_classify_names_from_arguments(capsys):
+    assert _run(["classify", "volta_sgemm_128x32_nt", "nvjet_tst_192x8_64x8_4x1_v_bz_TNT",
+                 "triton_mm_3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "volta_sgemm_128x32_nt\tgemm\tno\tfp32",
+        "nvjet_tst_192x8_64x8_4x1_v_bz_TNT\tgemm\tyes\tbf16",
+        "triton_mm_3\tgemm\tunknown\t",
+    ]
+
+
+def test_classify_names_from_stdin(capsys, monkeypatch):
+    names = ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>"
+             "(cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4::Params)\n\nMemset (Device)\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(names))
+    assert _run(["classify"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[1:] for line in lines] == [
+        ["gemm", "yes", "tf32"], ["memcpy/memset", "no", ""]]
+    assert lines[0].split("\t")[0].startswith("void cutlass::Kernel<")
+
+
+def test_kernels_json(capsys):
+    assert _run(["kernels", str(BERT), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1
+    summary = json.loads(out)
+    assert {"device", "total_kernel_us", "tensor_core_us", "tensor_core_share", "categories",
+            "top_kernels", "verdict"} <= set(summary)
+    assert summary["total_kernel_us"] == 307.197
+    assert summary["tensor_core_us"] == 235.006
+    assert {"name", "total_us", "count", "tensor_core", "dtype", "reason"} <= set(
+        summary["top_kernels"][0])
+
+
+def test_kernels_text_report(capsys):
+    assert _run(["kernels", str(GP100)]) == 0
+    out = capsys.readouterr().out
+    assert "Device: Quadro GP100 (compute capability 6.0)" in out
+    assert "Tensor Cores: no" in out
+    assert "Top kernels" in out
+    assert "Matrix ops that ran without Tensor Cores" in out
+    assert "no Tensor Core hardware on this GPU" in out
+
+
+@pytest.mark.parametrize("content", [None, b"not json at all", b'{"foo": 1}'])
+def test_kernels_bad_file_exits_2_naming_the_path(tmp_path, capsys, content):
+    path = tmp_path / "broken_trace.json"
+    if content is not None:
+        path.write_bytes(content)
+    assert _run(["kernels", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert str(path) in captured.err
+    assert "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+# --- end to end through `python -m engine` ---------------------------------------------
+
+needs_main = pytest.mark.skipif(not (ROOT / "engine" / "__main__.py").exists(),
+                                reason="engine/__main__.py (python -m engine) not written yet")
+
+
+def _engine(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+@needs_main
+def test_python_m_engine_classify():
+    result = _engine("classify", stdin="volta_h884gemm_64x128_ldg8_nn\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "volta_h884gemm_64x128_ldg8_nn\tgemm\tyes\tfp16\n"
+
+
+@needs_main
+def test_python_m_engine_kernels_json_and_missing_file(tmp_path):
+    result = _engine("kernels", str(GP100), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (summary["device"], summary["tensor_core_us"]) == ("Quadro GP100", 0.0)
+    missing = tmp_path / "missing.json.gz"
+    result = _engine("kernels", str(missing))
+    assert result.returncode == 2
+    assert str(missing) in result.stderr and "Traceback" not in result.stderr
