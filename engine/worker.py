@@ -148,11 +148,13 @@ def run_trainer(run_id: str, store: Store) -> int:
     import torch
 
     from .run_analysis import analyze_window
+    from .telemetry import TelemetrySampler
     from .train import Diverged, train
 
     cfg = run.config
     buffer = MetricBuffer(store, run_id)
     print(f"[trainer] run {run_id}: {cfg.to_json()} on {run.device_key}", flush=True)
+
     def on_window(window, compute_dtype: str) -> None:
         # The analysis must never cost the run: a failure is recorded, not raised.
         try:
@@ -162,9 +164,13 @@ def run_trainer(run_id: str, store: Store) -> int:
             traceback.print_exc()
             store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
 
+    peak = _device_peak(store, run_id, run.device_key, cfg)
+    sampler = TelemetrySampler(run.device_key, lambda rows: store.write_telemetry(run_id, rows))
+    sampler.start()
     try:
         result = train(cfg, run.device_key, emit=buffer, should_stop=lambda: stop.requested,
-                       run_dir=store.run_dir(run_id), on_window=on_window)
+                       run_dir=store.run_dir(run_id), on_window=on_window,
+                       peak_flops=peak)
     except Diverged as exc:
         buffer.flush()
         store.set_status(run_id, DIVERGED, str(exc))
@@ -181,12 +187,36 @@ def run_trainer(run_id: str, store: Store) -> int:
         else:
             store.set_status(run_id, FAILED, f"{type(exc).__name__}: {exc}"[:2000])
         return 1
+    finally:
+        sampler.stop()
     buffer.flush()
-    store.merge_summary(run_id, result.to_dict())
+    summary = result.to_dict()
+    if peak and result.achieved_tflops:
+        summary["mfu"] = result.achieved_tflops * 1e12 / peak
+    store.merge_summary(run_id, summary)
     final = STOPPED if result.status == "stopped" else FINISHED
     store.set_status(run_id, final, result.reason)
     print(f"[trainer] run {run_id}: {final} after {result.steps_completed} steps", flush=True)
     return 0
+
+
+def _device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | None:
+    """Dense peak FLOP/s for this run's precision: datasheet, or measured once and cached.
+
+    Measured before telemetry and training start, while the device is ours, so the
+    microbenchmark neither competes with the run nor is disturbed by it.
+    """
+    from .devices import get_device
+    from .peaks import compute_dtype_for, fp8_advice, peak_for
+
+    try:
+        peak = peak_for(get_device(device_key), compute_dtype_for(cfg.precision))
+    except Exception as exc:  # noqa: BLE001 - MFU is optional; the run is not
+        store.merge_summary(run_id, {"mfu_note": f"peak unavailable: {exc}"})
+        return None
+    store.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
+                                 "mfu_note": peak.note, "fp8_advice": fp8_advice(cfg)})
+    return peak.flops_per_s
 
 
 def _looks_like_oom(exc: BaseException) -> bool:

@@ -114,12 +114,15 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     cols[2].metric("Step time", fmt_num(step_ms, 4, " ms"))
     cols[3].metric("Peak memory", fmt_bytes(peak),
                    help="CUDA: peak allocated. CPU: peak resident set size of the process")
-    mfu = summary.get("mfu")
+    mfu = summary.get("mfu") or (float(steady["mfu"].median()) if len(steady) and
+                                 steady["mfu"].notna().any() else None)
     tflops = summary.get("achieved_tflops") or (
         float(steady["achieved_tflops"].median()) if len(steady) and
         steady["achieved_tflops"].notna().any() else None)
     if mfu:
-        cols[4].metric("MFU", f"{100 * mfu:.1f} %", help=summary.get("peak_source", ""))
+        cols[4].metric("MFU", f"{100 * mfu:.2f} %",
+                       help=f"Against the {summary.get('peak_source', 'device')} peak for this "
+                            f"precision. {summary.get('mfu_note') or ''}")
     else:
         cols[4].metric("Achieved TFLOP/s", fmt_num(tflops, 3),
                        help=summary.get("mfu_note") or "MFU is n/a until the device's peak "
@@ -169,6 +172,42 @@ def charts_block(run, frame: pd.DataFrame) -> None:
                    + (" (disabled for this run)." if run.config.precision == "fp16-amp" else "."))
 
 
+def telemetry_block(run) -> None:
+    """GPU telemetry from NVML (2 Hz) or, on CPU runs, the worker's CPU % and RSS."""
+    frame = store.read_telemetry(run.id)
+    if frame.empty:
+        return
+    st.subheader("Telemetry")
+    reasons = frame["throttle_reasons"].dropna()
+    throttled = reasons[reasons.str.len() > 0] if len(reasons) else reasons
+    if len(throttled):
+        from engine.telemetry import is_throttled
+
+        flagged = [r for r in throttled.unique() if is_throttled(r)]
+        if flagged:
+            st.warning(f"Clocks were throttled during this run: {', '.join(flagged[:3])}. "
+                       "Throughput and MFU are lower than the hardware can do.")
+    if run.device_key.startswith("cuda"):
+        left, right = st.columns(2)
+        left.plotly_chart(charts.telemetry_figure(
+            frame, [("gpu_util_pct", "GPU util %"), ("mem_util_pct", "memory util %")],
+            "GPU utilisation", "%"), key="tele_util")
+        right.plotly_chart(charts.telemetry_figure(
+            frame, [("power_w", "power W"), ("power_limit_w", "power limit W"),
+                    ("temp_c", "temperature °C"), ("sm_clock_mhz", "SM clock MHz")],
+            "Power, temperature, clocks", "value"), key="tele_power")
+    else:
+        left, right = st.columns(2)
+        left.plotly_chart(charts.telemetry_figure(frame, [("cpu_pct", "worker CPU %")],
+                                                  "CPU utilisation (100 % = one core)", "%"),
+                          key="tele_cpu")
+        rss = frame.assign(rss_gib=frame["rss_bytes"] / 2**30)
+        right.plotly_chart(charts.telemetry_figure(rss, [("rss_gib", "worker RSS GiB")],
+                                                   "Resident memory", "GiB"), key="tele_rss")
+        st.caption("No NVIDIA GPU on this run: NVML telemetry (utilisation, power, clocks, "
+                   "throttling) applies to CUDA runs only.")
+
+
 def live_panel(run_id: str, status_at_load: str) -> None:
     try:
         current = store.get_run(run_id)
@@ -181,6 +220,7 @@ def live_panel(run_id: str, status_at_load: str) -> None:
     headline_metrics(current, frame)
     matrix_unit_badge(current)
     charts_block(current, frame)
+    telemetry_block(current)
     if current.status != status_at_load:
         # queued -> running -> ended: redraw the whole page once (labels, stop button),
         # and without the refresh timer once the run has ended.

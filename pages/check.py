@@ -1,0 +1,189 @@
+"""GPU check: is each precision as fast as this hardware should be, and did the matrix
+work run on Tensor Cores? On a machine without a GPU it is the CPU check, and says so.
+
+The check runs in a child process (engine.check.run_check_subprocess): the server keeps
+no CUDA context or test buffers, and the page only draws the result.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from engine.check import CheckFailed, run_check_subprocess
+from pages.ui import cached_devices, fmt_bytes
+
+VERDICT_BADGES = {"ok": "✅ ok", "slow": "⚠️ slow", "not supported": "⛔ not supported",
+                  "skipped": "⏭️ skipped"}
+VERDICT_COLOURS = {"ok": "#d4edda", "slow": "#fff3cd", "not supported": "#e2e3e5",
+                   "skipped": "#e2e3e5"}
+RESULTS_KEY = "check_results"  # {device_key: result dict}
+
+
+@st.cache_resource(show_spinner=False)
+def gpu_absence_reason() -> str | None:
+    from engine.check import no_gpu_reason
+
+    return no_gpu_reason()
+
+
+def device_label(dev) -> str:
+    return f"{dev.name} ({dev.key}, {dev.capability})"
+
+
+def busy_runs(device_key: str) -> list[str]:
+    """Runs training on this device now: they and the check would skew each other."""
+    from pages.ui import get_store
+
+    try:
+        return [run.id for run in get_store().list_runs(statuses=("running",))
+                if run.device_key == device_key]
+    except Exception:  # the store is optional for this page
+        return []
+
+
+def lines_frame(result: dict) -> pd.DataFrame:
+    rows = []
+    for line in result["lines"]:
+        rows.append({
+            "verdict": VERDICT_BADGES.get(line["verdict"], line["verdict"]),
+            "test": line["test"], "dtype": line["dtype"] or "",
+            "achieved": line["value"], "unit": line["unit"], "peak": line["peak"],
+            "% of peak": line["ratio_to_peak"] * 100 if line["ratio_to_peak"] is not None else None,
+            "× fp32": line["speedup_vs_fp32"],
+            "Tensor Cores": line.get("tensor_core") or "",
+            "reason": line["reason"], "_verdict": line["verdict"],
+        })
+    return pd.DataFrame(rows)
+
+
+def styled(frame: pd.DataFrame):
+    colours = frame["_verdict"].map(VERDICT_COLOURS).fillna("")
+    shown = frame.drop(columns=["_verdict"])
+    return shown.style.apply(lambda col: [f"background-color: {c}" for c in colours],
+                             subset=["verdict"]).format(
+        {"achieved": "{:,.4g}", "peak": "{:,.4g}", "% of peak": "{:.0f}%", "× fp32": "{:.3g}"},
+        na_rep="–")
+
+
+def achieved_vs_peak_figure(result: dict) -> go.Figure | None:
+    lines = [l for l in result["lines"] if l["test"] == "matmul" and l["value"] is not None]
+    if not lines:
+        return None
+    unit = lines[0]["unit"]
+    dtypes = [l["dtype"] for l in lines]
+    fig = go.Figure()
+    fig.add_bar(name="achieved", x=dtypes, y=[l["value"] for l in lines],
+                text=[f"{l['value']:,.3g}" for l in lines], textposition="outside")
+    if any(l["peak"] for l in lines):
+        fig.add_bar(name="datasheet peak", x=dtypes, y=[l["peak"] for l in lines],
+                    marker_color="lightgray")
+    values = [l["value"] for l in lines if l["value"]]
+    log_y = len(values) > 1 and max(values) / max(min(values), 1e-12) > 20
+    fig.update_layout(barmode="group", height=360, margin=dict(l=10, r=10, t=40, b=10),
+                      title=f"Matmul throughput ({unit})" + (", log scale" if log_y else ""),
+                      yaxis_title=unit, yaxis_type="log" if log_y else "linear")
+    return fig
+
+
+def show_nvml(result: dict) -> None:
+    nvml = result.get("nvml")
+    if not nvml:
+        st.info(f"NVML not available: {result.get('nvml_reason') or 'unknown reason'}")
+        return
+    clocks = nvml.get("clocks_mhz") or {}
+    cols = st.columns(4)
+    cols[0].metric("SM clock", f"{clocks.get('sm') or 'n/a'} MHz",
+                   help=f"max {clocks.get('max_sm') or 'n/a'} MHz")
+    cols[1].metric("Power", f"{_n(nvml.get('power_w'))} W",
+                   help=f"enforced limit {_n(nvml.get('power_limit_w'))} W")
+    cols[2].metric("Temperature", f"{_n(nvml.get('temp_c'))} °C",
+                   help=f"slowdown at {nvml.get('temp_slowdown_c') or 'n/a'} °C")
+    cols[3].metric("Memory used", fmt_bytes(nvml.get("gpu_mem_used_bytes")))
+    reasons = nvml.get("throttle_reasons")
+    if nvml.get("throttled"):
+        st.warning(f"Clocks held down: {', '.join(reasons)}")
+    else:
+        st.caption(f"Throttle reasons: {', '.join(reasons) if reasons else 'none'}")
+    if nvml.get("ecc_errors"):
+        st.caption(f"ECC errors: {nvml['ecc_errors']}")
+    with st.expander("Full NVML snapshot"):
+        st.json(nvml)
+
+
+def _n(value) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def show_result(result: dict) -> None:
+    verdicts = [line["verdict"] for line in result["lines"]]
+    cols = st.columns(4)
+    for col, verdict in zip(cols, ("ok", "slow", "not supported", "skipped")):
+        col.metric(VERDICT_BADGES[verdict], verdicts.count(verdict))
+    st.caption(f"{result['device']['name']} · checked in {result['elapsed_s']:.1f} s "
+               f"(budget {result.get('time_budget_s', 0):.0f} s) · slow = under half the "
+               "datasheet peak, or emulated, or matrix work off the Tensor Cores")
+    st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch")
+    figure = achieved_vs_peak_figure(result)
+    if figure is not None:
+        st.plotly_chart(figure, width="stretch")
+        if not any(l["peak"] for l in result["lines"]):
+            st.caption("No datasheet peak for this device: the bars compare the dtypes with "
+                       "each other (a CPU's real peak is what it measures).")
+    kernel_lines = [l for l in result["lines"] if l.get("kernels")]
+    if kernel_lines:
+        st.subheader("Kernel evidence")
+        for line in kernel_lines:
+            with st.expander(f"{line['dtype']}: Tensor Cores {line.get('tensor_core', 'unknown')}"
+                             + (f" · GPM tensor util {line['gpm_tensor_util_pct']:.0f}%"
+                                if line.get("gpm_tensor_util_pct") is not None else "")):
+                st.dataframe(pd.DataFrame(line["kernels"]), hide_index=True,
+                             width="stretch")
+                if line.get("gpm_note"):
+                    st.caption(f"NVML GPM: {line['gpm_note']}")
+    st.subheader("NVML snapshot")
+    show_nvml(result)
+
+
+# ---------------------------------------------------------------------------------------
+# page
+
+st.title("GPU check")
+devices = list(cached_devices())
+usable_gpus = [d for d in devices if d.kind == "cuda" and d.torch_usable]
+if not usable_gpus:
+    st.info(f"**No GPU on this machine, so this is the CPU check.** Why: "
+            f"{gpu_absence_reason() or 'no CUDA device found'}. It measures fp32, bf16 and "
+            "fp16 matmuls and memory bandwidth on the CPU and says which precisions are "
+            "native and which are emulated.")
+else:
+    st.caption("Matmul microbenchmarks per precision against the datasheet peak, the kernel "
+               "names that prove Tensor Cores ran them, memory bandwidth and an NVML snapshot.")
+
+choices = [d for d in devices if d.kind == "cpu" or d.torch_usable]
+default_index = choices.index(usable_gpus[0]) if usable_gpus else 0
+device = st.selectbox("Device", choices, index=default_index, format_func=device_label)
+budget_s = st.slider("Time budget (s)", min_value=10, max_value=120, value=45, step=5,
+                     help="Upper bound for the whole check; most devices finish well inside it.")
+busy = busy_runs(device.key)
+if busy:
+    st.warning(f"Run {', '.join(busy)} is training on {device.key}: the check and the run "
+               "would share the device and both numbers would be off. Wait, or stop it first.")
+
+results = st.session_state.setdefault(RESULTS_KEY, {})
+if st.button("Run check", type="primary"):
+    bar = st.progress(0.0, text="starting the check process…")
+    try:
+        results[device.key] = run_check_subprocess(
+            device.key, progress=lambda fraction, message: bar.progress(fraction, text=message),
+            time_budget_s=budget_s)
+        bar.progress(1.0, text="done")
+    except CheckFailed as exc:
+        bar.empty()
+        st.error(str(exc))
+
+if device.key in results:
+    show_result(results[device.key])
+else:
+    st.caption("Press **Run check** to measure this device.")
