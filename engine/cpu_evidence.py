@@ -115,11 +115,12 @@ def cpu_verdict(primitives: list[Primitive], compute_dtype: str,
         why = (f"{compute_dtype} primitives ran on {', '.join(sorted({p.isa for p in low_precision}))}, "
                "which converts to fp32 in software")
     else:
-        why = (f"no oneDNN {compute_dtype} matrix primitive ran: the matmuls fell back to "
+        why = (f"no oneDNN {compute_dtype} matrix primitive ran; the matmuls fell back to "
                "ATen's reference code")
     if missing:
-        why += f" (this CPU lacks {missing})"
-    return _verdict(EMULATED, f"{EMULATED}: {why}", evidence, matrix)
+        why += f"; this CPU lacks {missing}"
+    return _verdict(EMULATED, f"emulated, no native {compute_dtype} matrix unit ({why})",
+                    evidence, matrix)
 
 
 def _missing_flags(compute_dtype: str, cpu_flags: frozenset[str]) -> str:

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300,
-               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+               # Legend top right, clear of the title on the left.
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
                hovermode="x unified")
 
 
@@ -40,7 +41,9 @@ def throughput_figure(frame: pd.DataFrame, column: str, unit: str) -> go.Figure:
     steady = frame.loc[frame["phase"] == "steady", column].dropna() if "phase" in frame else []
     if len(steady):
         fig.add_hline(y=float(steady.median()), line_dash="dot",
-                      annotation_text=f"steady median {steady.median():,.0f}")
+                      annotation_text=f"steady median {steady.median():,.0f}",
+                      annotation_position="bottom left",
+                      annotation_bgcolor="rgba(255,255,255,0.8)")
     _shade_profile_window(fig, frame)
     return fig
 

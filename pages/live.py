@@ -30,7 +30,8 @@ if not runs:
     st.stop()
 
 run_ids = [r.id for r in runs]
-labels = {r.id: f"{status_badge(r.status)} · {r.config.label} · {r.id}" for r in runs}
+# No status in the labels: they would go stale while the fragment refreshes.
+labels = {r.id: f"{r.config.label} · {r.id}" for r in runs}
 wanted = st.session_state.get(LIVE_RUN_KEY) or st.query_params.get("run")
 selected = st.selectbox("Run", run_ids, index=run_ids.index(wanted) if wanted in run_ids else 0,
                         format_func=labels.get, key="live_select")

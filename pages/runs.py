@@ -44,7 +44,11 @@ def runs_table(records) -> pd.DataFrame:
             "device": r.device_key, "label": r.config.name,
             "reason": r.reason or "",
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # NaN, not None, so empty numeric cells render blank rather than as "None".
+    for column in ("throughput", "peak_mem_GiB", "final_loss", "MFU_%"):
+        table[column] = pd.to_numeric(table[column], errors="coerce")
+    return table
 
 
 left, right = st.columns(2)

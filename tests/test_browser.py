@@ -1,0 +1,284 @@
+"""The app in a real browser: a real `streamlit run` server driven by Chromium (Playwright).
+
+What AppTest cannot show: the pages render in a browser without a Streamlit exception,
+the form's real widgets launch a run, the Live fragment's timer redraws the loss chart
+in the page, the Stop button ends the worker, and a server restart mid-run neither loses
+nor duplicates the run.
+
+Needs Debian's Chromium at /usr/bin/chromium and the `playwright` package (never
+`playwright install`). Missing either: skipped, or failed when
+PRECISION_LAB_REQUIRE_BROWSER=1 (CI). PRECISION_LAB_SCREENSHOTS=1 writes the README's
+screenshots to docs/screenshots/ (else they go to the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from browser_support import (StreamlitServer, chart_points, chart_titles, choose, error_alerts,
+                             exceptions, goto, grid_cells, grid_columns, main_text,
+                             require_browser, screenshot, set_number, stop_all_runs,
+                             unavailable, wait_app_idle, wait_for, worker_groups,
+                             worker_processes, CHROMIUM, CHROMIUM_ARGS)
+
+pytestmark = pytest.mark.browser
+
+TITLES = {"": "Launch a run", "live": "Live", "runs": "Runs"}  # url path -> st.title
+LIVE_URL = re.compile(r"/live\?run=[A-Za-z0-9_-]+")
+
+
+# ---------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require_browser()
+    from playwright.sync_api import Error as PlaywrightError, sync_playwright
+
+    with sync_playwright() as playwright:
+        try:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except PlaywrightError as exc:
+            unavailable(f"{CHROMIUM} did not start under Playwright: {exc}")
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def server(browser, tmp_path):
+    """A `streamlit run app.py` on a free port with its own PRECISION_LAB_HOME (after the
+    browser: no server is started just to skip).
+
+    Teardown: the server's process group, then every run still active in that home
+    (engine.launcher.stop, then SIGKILL of any worker group left)."""
+    srv = StreamlitServer(home=tmp_path / "lab_home", log_dir=tmp_path / "logs")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+        stop_all_runs(srv.home)
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(30_000)
+    tab = context.new_page()
+    tab.js_errors = []  # uncaught errors in the page: a broken frontend, not a slow one
+    tab.on("pageerror", lambda exc: tab.js_errors.append(str(exc)))
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def store(server):
+    from engine.store import Store
+
+    return Store(server.home)
+
+
+# ---------------------------------------------------------------------------------------
+# steps shared by the tests
+
+
+def assert_page_healthy(page, where: str) -> None:
+    assert not exceptions(page), f"{where}: Streamlit exception on the page: {exceptions(page)}"
+    # Streamlit's own modals: "Page not found", connection errors.
+    dialogs = page.locator('[role="dialog"]').all_inner_texts()
+    assert not dialogs, f"{where}: dialog shown: {dialogs}"
+    assert not page.js_errors, f"{where}: uncaught JavaScript errors: {page.js_errors}"
+
+
+def nav_paths(page) -> list[str]:
+    """URL paths of the sidebar's navigation links ('' is the default page)."""
+    hrefs = page.locator('[data-testid="stSidebarNavLink"]').evaluate_all(
+        "links => links.map(a => a.getAttribute('href'))")
+    return [urlparse(href).path.strip("/") for href in hrefs]
+
+
+def launch_from_form(page, server, *, precision: str, batch_size: int, steps: int,
+                     screenshot_to=None) -> str:
+    """Fill the Launch form through its real widgets, click Launch, land on Live."""
+    goto(page, f"{server.url}/", TITLES[""])
+    choose(page, "device", lambda text: text.startswith("cpu:"))
+    choose(page, "model", "gpt")
+    choose(page, "size", "tiny")
+    choose(page, "precision", lambda text: f" {precision}:" in f" {text}")
+    set_number(page, "batch_size", batch_size)
+    set_number(page, "steps", steps)
+    assert_page_healthy(page, "Launch form")
+    if screenshot_to is not None:
+        screenshot(page, "launch.png", screenshot_to)
+    page.get_by_role("button", name="Launch run", exact=True).click()
+    page.wait_for_url(LIVE_URL, timeout=30_000)
+    page.get_by_role("heading", name=TITLES["live"], exact=True).wait_for()
+    return parse_qs(urlparse(page.url).query)["run"][0]
+
+
+def wait_points(page, more_than: int, timeout_s: float) -> int:
+    """Wait until the Loss chart plots more than `more_than` points; return the count.
+
+    The fragment redraws the charts every second, so a read may land mid-redraw (-1)."""
+    return wait_for(lambda: (n := chart_points(page, "Loss")) > more_than and n, timeout_s,
+                    interval_s=0.3, message=lambda: f"the Loss chart to pass {more_than} "
+                    f"points (charts: {chart_titles(page)}; page: {main_text(page)[:400]!r})")
+
+
+def status_of(store, run_id: str) -> str:
+    return store.get_run(run_id).status
+
+
+# ---------------------------------------------------------------------------------------
+# tests
+
+
+@pytest.mark.timeout(120)
+def test_every_page_in_the_nav_loads_without_an_exception(server, page):
+    goto(page, f"{server.url}/", TITLES[""])
+    paths = nav_paths(page)
+    assert set(TITLES) <= set(paths), f"sidebar nav lacks a core page: {paths}"
+    for path in paths:
+        url = f"{server.url}/{path}"
+        goto(page, url, TITLES.get(path))
+        where = f"/{path}"
+        assert_page_healthy(page, where)
+        assert page.locator("h1").first.inner_text().strip(), f"{where}: no title"
+        if path in TITLES:
+            # Nothing about the app itself is in error on a fresh, empty data directory.
+            assert not error_alerts(page), f"{where}: error shown: {error_alerts(page)}"
+        if path in ("live", "runs"):
+            assert "No runs yet" in main_text(page), f"{where}: empty store not explained"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_launch_from_the_form_watch_the_loss_chart_grow_then_stop(server, page, store,
+                                                                   tmp_path):
+    run_id = launch_from_form(page, server, precision="bf16-amp", batch_size=8, steps=150,
+                              screenshot_to=tmp_path)
+    (run,) = store.list_runs()
+    assert run.id == run_id
+    cfg = run.config
+    assert (cfg.model, cfg.size, cfg.precision, cfg.batch_size, cfg.steps, cfg.device) == (
+        "gpt", "tiny", "bf16-amp", 8, 150, "cpu"), cfg
+
+    # The fragment's 1 s timer redraws the chart as the worker logs steps.
+    first = wait_points(page, 0, timeout_s=90)
+    later = wait_points(page, first, timeout_s=30)
+    assert later > first
+    assert status_of(store, run_id) == "running", "the run ended before it could be watched"
+    assert {"Loss", "Throughput (tokens/s)", "Memory (GiB)"} <= set(chart_titles(page))
+    assert_page_healthy(page, "Live while training")
+
+    wait_points(page, 7, timeout_s=30)  # a few seconds of curve for the screenshot
+    wait_app_idle(page, timeout_s=5, required=False)  # between two timer ticks, if we can
+    screenshot(page, "live.png", tmp_path)
+
+    page.get_by_role("button", name="⏹ Stop run").click()
+    clicked = time.monotonic()
+    page.get_by_text("stopped by request").first.wait_for(timeout=10_000)
+    wait_for(lambda: status_of(store, run_id) == "stopped", 10 - (time.monotonic() - clicked),
+             message="the store to say stopped")
+    assert time.monotonic() - clicked < 10
+    assert not worker_processes(run_id), "a worker outlived the Stop button"
+    # The ended run: no Stop button, no refresh timer, the curve kept.
+    page.get_by_role("button", name="⏹ Stop run").wait_for(state="detached", timeout=10_000)
+    assert chart_points(page, "Loss") >= later
+    assert_page_healthy(page, "Live after stop")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_server_restart_mid_run_keeps_the_run_and_launches_nothing_twice(server, page, store):
+    run_id = launch_from_form(page, server, precision="fp32", batch_size=8, steps=20_000)
+    wait_points(page, 0, timeout_s=90)
+    run = store.get_run(run_id)
+    assert run.status == "running" and run.pid and run.train_pid
+    groups = worker_groups(run_id)
+    assert groups == {run.pid}, f"expected one worker group led by the supervisor: {groups}"
+
+    port = server.port
+    server.stop()  # the server's process group only: the worker has its own session
+    from engine.launcher import is_alive
+
+    assert is_alive(run.pid, run.pid_create_time), "the supervisor died with the server"
+    assert is_alive(run.train_pid, None), "the trainer died with the server"
+    assert status_of(store, run_id) == "running"
+    at_stop = store.get_run(run_id).steps_completed
+    wait_for(lambda: store.get_run(run_id).steps_completed > at_stop, 30,
+             message="training to go on with the server down")
+
+    server.start()
+    assert server.port == port
+    goto(page, f"{server.url}/live?run={run_id}", TITLES["live"], idle=False)
+    assert run_id in page.locator(".st-key-live_select").get_by_role("combobox").input_value()
+    first = wait_points(page, 0, timeout_s=60)
+    wait_points(page, first, timeout_s=30)
+    assert_page_healthy(page, "Live after a server restart")
+
+    # The same run, the same worker: nothing relaunched.
+    runs = store.list_runs()
+    assert [r.id for r in runs] == [run_id]
+    after = store.get_run(run_id)
+    assert after.status == "running"
+    assert (after.pid, after.train_pid) == (run.pid, run.train_pid)
+    assert worker_groups(run_id) == groups
+    roles = sorted("--train" in p.cmdline() for p in worker_processes(run_id))
+    assert roles == [False, True], "expected one supervisor and one trainer"
+
+
+@pytest.mark.timeout(120)
+def test_runs_page_lists_the_runs_and_opens_one_in_live(server, page, store):
+    from engine.config import RunConfig
+
+    finished = store.create_run(RunConfig(model="gpt", size="tiny", precision="fp32"), "cpu",
+                                "test cpu")
+    store.set_status(finished, "running")
+    store.write_metrics(finished, [
+        {"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_s": 500.0 + s, "step_time_ms": 100.0,
+         "rss_bytes": 2**28, "mem_peak_bytes": 2**28, "phase": "steady" if s > 3 else "warmup"}
+        for s in range(1, 21)])
+    store.merge_summary(finished, {"tokens_per_s": 512.25, "final_loss": 3.0,
+                                   "peak_mem_bytes": 2**28})
+    store.set_status(finished, "finished")
+    failed = store.create_run(RunConfig(model="mlp", precision="bf16-amp"), "cpu", "test cpu")
+    store.set_status(failed, "failed", "worker exited with signal 9 (SIGKILL) at step 3")
+
+    goto(page, f"{server.url}/runs", TITLES["runs"])
+    assert_page_healthy(page, "/runs")
+    assert "2 of 2 runs" in main_text(page)
+    rows = wait_for(lambda: grid_cells(page), 20, message="the runs table's rows")
+    columns = grid_columns(page)
+    assert columns[:4] == ["run_id", "status", "model", "precision"], columns
+    by_id = {row[0]: dict(zip(columns, row)) for row in rows}
+    assert set(by_id) == {finished, failed}
+    assert by_id[finished]["status"].endswith("finished")
+    assert by_id[finished]["model"] == "gpt-tiny" and by_id[finished]["steps"] == "20/60"
+    assert by_id[failed]["status"].endswith("failed")
+    assert by_id[failed]["precision"] == "bf16-amp"
+
+    # Select the failed run's row (glide draws on a canvas: click its row marker).
+    row_index = [row[0] for row in rows].index(failed)
+    canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
+    header_px = row_px = 35  # st.dataframe's default header and row heights
+    page.mouse.click(canvas["x"] + 15, canvas["y"] + header_px + row_px * row_index + row_px / 2)
+    button = page.get_by_role("button", name=f"Open {failed} in Live")
+    button.click()
+    page.wait_for_url(re.compile(rf"/live\?run={failed}$"))
+    page.get_by_text("signal 9").first.wait_for()
+    assert_page_healthy(page, "Live of a failed run")
+
+    # The finished run's Live page draws its stored curve (no timer: the run has ended).
+    goto(page, f"{server.url}/live?run={finished}", TITLES["live"])
+    wait_for(lambda: chart_points(page, "Loss") == 20, 20, message="the stored 20 points")
+    assert_page_healthy(page, "Live of a finished run")
