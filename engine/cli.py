@@ -125,7 +125,7 @@ def _add_optional_commands(sub) -> None:
     """Commands owned by other engine modules register themselves here."""
     import importlib
 
-    for module_name in ("engine.cli_kernels", "engine.cli_hardware"):
+    for module_name in ("engine.cli_kernels", "engine.cli_hardware", "engine.cli_report"):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -192,7 +192,9 @@ def _follow(run_id: str, store: Store):
         if row and row["step"] != last_step:
             last_step = row["step"]
             rate = row.get("samples_per_s")
-            print(f"  step {row['step']:>6}/{run.total_steps}  loss {row['loss']:.4f}"
+            loss = row["loss"]  # NaN is stored as NULL: a diverged step reads back as None
+            print(f"  step {row['step']:>6}/{run.total_steps}  loss "
+                  + (f"{loss:.4f}" if loss is not None else "nan")
                   + (f"  {rate:,.1f} samples/s" if rate else ""), file=sys.stderr)
         if run.status in FINAL_STATUSES:
             return run

@@ -112,6 +112,9 @@ class RunConfig:
     """fp16-amp only: good steps before the scale doubles."""
     loss_scaling: bool = True
     """fp16-amp only: False disables the GradScaler (demonstrates fp16 underflow)."""
+    numerics: bool = False
+    """Record per-layer gradient and activation magnitudes at a few sampled steps
+    (runs/<id>/numerics.json; the Compare page's Numerics view)."""
     log_interval: int = 1
     """Read metrics back from the device every N steps (each read is a host sync)."""
     warmup_steps: int = 3
@@ -141,12 +144,12 @@ class RunConfig:
         _check_float(self, "weight_decay", 0.0, 1.0, "a weight decay in [0, 1]")
         _check_float(self, "grad_scaler_init_scale", 0.0, 2.0**32,
                      "a positive initial loss scale, e.g. 65536", open_low=True)
-        for flag in ("channels_last", "compile", "loss_scaling", "profile"):
+        for flag in ("channels_last", "compile", "loss_scaling", "profile", "numerics"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, getattr(self, flag), "true or false")
-        if not isinstance(self.device, str) or not _DEVICE_RE.match(self.device):
+        if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
             raise ConfigError("device", self.device, "one of auto, cpu, cuda, cuda:N")
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ConfigError("name", self.name,
                               "up to 80 letters, digits, spaces and . , : + ( ) - _")
 
@@ -232,7 +235,10 @@ def _check_float(cfg: RunConfig, name: str, low: float, high: float, fix: str,
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(name, value, f"a number; expected {fix}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ConfigError(name, value, f"out of range; expected {fix}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ConfigError(name, value, f"a finite number; expected {fix}")
     too_low = value <= low if open_low else value < low

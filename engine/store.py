@@ -120,7 +120,7 @@ class RunNotFound(KeyError):
 
 
 def validate_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
         raise ValueError(f"run_id={run_id!r}: not a valid run id (letters, digits, - and _, "
                          "up to 64 characters); `python -m engine list` shows the runs")
     return run_id
@@ -212,6 +212,11 @@ class Store:
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints
             yield conn
+        except Exception as exc:
+            if _is_corruption(exc):
+                raise StoreError(f"{self.db_path}: cannot open the database ({exc}); the file "
+                                 "is damaged: move it away and restart (runs/ is kept)") from exc
+            raise
         finally:
             conn.close()
 
@@ -325,15 +330,15 @@ class Store:
             return True
 
     def queue_position(self, run_id: str) -> int | None:
-        """1-based position among queued runs of the same device, None if not queued."""
+        """1-based place in the device's queue (1 = next to start), None if not queued."""
         with self.connect() as conn:
             row = conn.execute("SELECT device_key, seq, status FROM runs WHERE id = ?",
                                (run_id,)).fetchone()
             if row is None or row[2] != QUEUED:
                 return None
             ahead = conn.execute("SELECT COUNT(*) FROM runs WHERE device_key = ? AND"
-                                 " status IN (?, ?) AND seq < ?",
-                                 (row[0], QUEUED, RUNNING, row[1])).fetchone()[0]
+                                 " status = ? AND seq < ?",
+                                 (row[0], QUEUED, row[1])).fetchone()[0]
         return ahead + 1
 
     # -- metrics ----------------------------------------------------------------------------
@@ -425,6 +430,13 @@ class Store:
             return pd.read_sql_query(
                 f"SELECT {','.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ?"
                 " ORDER BY total_us DESC", conn, params=(run_id,))
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    """sqlite3 (or pandas wrapping it) reporting a damaged file, not a busy one."""
+    text = str(exc).lower()
+    return (isinstance(exc, sqlite3.DatabaseError) or type(exc).__name__ == "DatabaseError") \
+        and ("malformed" in text or "not a database" in text)
 
 
 def _record(row: sqlite3.Row) -> RunRecord:

@@ -1,7 +1,8 @@
 """The one training loop: steps, timing, metrics, loss-scaler stats, NaN guard and the
 profiler window. The worker, the CLI's `run` and the benchmarks all call `train()`.
 
-Host-device syncs happen only at log boundaries (every `log_interval` steps): losses,
+Host-device syncs happen only at log boundaries (every `log_interval` steps, and once
+where the phase changes: warm-up -> profiler window -> steady): losses,
 gradient norms and skipped-step counts stay on the device in between.
 """
 
@@ -22,9 +23,10 @@ import torch.nn.functional as F
 from .config import ModelName, OptimizerName, RunConfig
 from .data import SyntheticTask
 from .models import build_model, model_spec, parameter_count
+from .numerics import NUMERICS_FILENAME, NumericsProbe, default_sample_steps
 from .precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
 
-WARMUP, STEADY, PROFILE = "warmup", "steady", "profile"
+WARMUP, STEADY, PROFILE, NUMERICS = "warmup", "steady", "profile", "numerics"
 TRACE_FILENAME = "trace.json.gz"
 ONEDNN_LOG_FILENAME = "onednn_verbose.log"
 
@@ -125,6 +127,7 @@ class Trainer:
         self.task = SyntheticTask(cfg, device)
         self.samples_per_step = cfg.batch_size
         self.tokens_per_sample = cfg.seq_len if cfg.model == ModelName.GPT.value else None
+        self.probe: NumericsProbe | None = None
 
     def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here."""
@@ -133,6 +136,9 @@ class Trainer:
             group["lr"] = lr
         inputs, targets = self.task.batch()
         scaler = self.plan.scaler
+        probe = self.probe if self.probe is not None and self.probe.wants(step) else None
+        if probe is not None:  # sampled steps only: get_scale() is a host sync
+            probe.begin_step(step, loss_scale=float(scaler.get_scale()) if scaler else 1.0)
         with self.plan.autocast():
             logits = self.model(cast_inputs(inputs, self.plan))
         loss = compute_loss(self.cfg, logits, targets)
@@ -141,6 +147,8 @@ class Trainer:
             scaler.unscale_(self.optimizer)  # so the logged gradient norm is the real one
         else:
             loss.backward()
+        if probe is not None:
+            probe.capture_gradients(step, self.model)  # after unscale_: the true gradients
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
         if scaler is not None:
@@ -268,6 +276,10 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     flops_per_step = measure_flops_per_step(trainer)
+    probe = None
+    if cfg.numerics and run_dir is not None and not cfg.compile:
+        # Registered after the FLOP count so step 1 is not sampled twice.
+        probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(trainer.model)
     profiler = ProfilerWindow(cfg, device, run_dir)
     scaler = trainer.plan.scaler
     skipped_total = torch.zeros((), dtype=torch.int64, device=device)
@@ -283,15 +295,23 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
             status, reason, step = "stopped", f"stopped by request at step {step - 1}", step - 1
             break
         phase = phase_of(step, cfg)
+        sampled = probe is not None and probe.wants(step)
+        if sampled and phase == STEADY:
+            phase = NUMERICS  # slower on purpose: kept out of steady-state averages
         profiler.before_step(step, phase)
         loss, grad_norm = trainer.step(step)
+        if sampled:
+            probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it
         if scaler is not None:
             skipped_total += (~torch.isfinite(grad_norm)).to(torch.int64)  # device-side count
         next_phase = phase_of(step + 1, cfg) if step < cfg.steps else None
         interval.steps += 1
         is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
         wrote_trace = False
-        if is_log_step or profiler.prof is not None:
+        # A phase change is a timing boundary too (one extra sync per phase, not per
+        # step), so a steady interval never carries warm-up or profiler time.
+        phase_ends = next_phase is not None and next_phase != phase
+        if is_log_step or profiler.prof is not None or phase_ends:
             # Sync point: timing needs the device to have finished the queued work.
             loss_value = float(loss.item())
             elapsed_s = time.perf_counter() - interval.start_s

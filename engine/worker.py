@@ -145,7 +145,16 @@ def run_trainer(run_id: str, store: Store) -> int:
     if run.status != RUNNING:
         print(f"[trainer] run {run_id} is {run.status}, not running; nothing to do", flush=True)
         return 0
-    import torch
+    try:
+        import torch
+    except (ImportError, OSError) as exc:
+        # A memory cap below what PyTorch itself needs fails here, before any training.
+        cap = run.config.memory_cap_mb
+        hint = (f"; memory_cap_mb={cap} is too small to load PyTorch (try >= 1024)"
+                if cap else "")
+        store.set_status(run_id, OOM if cap else FAILED,
+                         f"could not load PyTorch: {str(exc)[:300]}{hint}")
+        return 1
 
     from .run_analysis import analyze_window
     from .telemetry import TelemetrySampler

@@ -76,6 +76,8 @@ with st.expander("Loss scaling, logging and profiling"):
                           key="profile", help=field_doc("profile"))
     profile_steps = st.number_input("Profiler window (steps)", min_value=1, max_value=50,
                                     value=DEFAULTS.profile_steps, key="profile_steps")
+    numerics = st.checkbox("Record numerics (gradient/activation ranges vs fp16/bf16)",
+                           value=False, key="numerics", help=field_doc("numerics"))
     memory_cap_mb = st.number_input("CPU memory cap (MiB, 0 = none)", min_value=0,
                                     value=0, key="memory_cap_mb", help=field_doc("memory_cap_mb"))
     name = st.text_input("Label (optional)", max_chars=80, key="name")
@@ -98,7 +100,8 @@ def build_config(precision_value: str) -> RunConfig:
         grad_scaler_init_scale=float(init_scale),
         grad_scaler_growth_interval=int(growth_interval), loss_scaling=bool(loss_scaling),
         log_interval=int(log_interval), warmup_steps=int(warmup_steps), profile=bool(profile),
-        profile_steps=int(profile_steps), memory_cap_mb=int(memory_cap_mb), name=name.strip())
+        profile_steps=int(profile_steps), numerics=bool(numerics),
+        memory_cap_mb=int(memory_cap_mb), name=name.strip())
 
 
 def launch_all(precisions: tuple[str, ...]) -> list[str]:

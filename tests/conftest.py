@@ -1,0 +1,248 @@
+"""Shared fixtures: a private data directory per test, the store on it, the CLI as a
+subprocess, and a poller for things that happen in other processes.
+
+Every test gets its own PRECISION_LAB_HOME (set in os.environ, so the CLI and the
+worker processes it starts use it too). At teardown, any worker still active in that
+home is killed by its own process-group id: a failing test must not leave trainers
+eating the two CI cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # `pytest` run from elsewhere still imports this checkout
+    sys.path.insert(0, str(REPO_ROOT))
+
+HOME_ENV = "PRECISION_LAB_HOME"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: starts real worker processes or trains; still part of CI")
+
+
+# ---------------------------------------------------------------------------------------
+# polling
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.05,
+             message: str | Callable[[], str] | None = None) -> Any:
+    """Call `predicate` until it returns something truthy; return that value.
+
+    Raises AssertionError after `timeout_s` (with `message`, which may be a callable so
+    it can describe the state at the moment of failure, e.g. the worker log).
+    """
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for "
+                                 f"{text or getattr(predicate, '__name__', 'condition')}; "
+                                 f"last value: {last!r}")
+        time.sleep(interval_s)
+
+
+@pytest.fixture(name="wait_for")
+def wait_for_fixture() -> Callable[..., Any]:
+    return wait_for
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process is in process group `pgid`."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+@pytest.fixture(name="group_alive")
+def group_alive_fixture() -> Callable[[int], bool]:
+    return group_alive
+
+
+# ---------------------------------------------------------------------------------------
+# data directory and store
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh data directory, exported as PRECISION_LAB_HOME for this process and children."""
+    path = tmp_path / "lab_home"
+    monkeypatch.setenv(HOME_ENV, str(path))
+    yield path
+    _kill_active_workers(path)
+
+
+@pytest.fixture
+def store(home: Path):
+    from engine.store import Store
+
+    return Store(home)
+
+
+def _kill_active_workers(path: Path) -> None:
+    """SIGKILL the process group of every run still active in this test's store.
+
+    Only groups this test's workers lead: the supervisor pid with its recorded create
+    time, or a trainer whose group is still that supervisor's (start_new_session).
+    """
+    from engine.store import ACTIVE_STATUSES, DB_FILENAME, Store
+
+    if not (path / DB_FILENAME).exists():
+        return
+    try:
+        runs = Store(path).list_runs(statuses=ACTIVE_STATUSES)
+    except Exception:  # a test that corrupted its own store on purpose
+        return
+    for run in runs:
+        if not run.pid:
+            continue
+        if _is_process(run.pid, run.pid_create_time) or _in_group(run.train_pid, run.pid):
+            if run.pid != os.getpgid(0):  # never our own group
+                try:
+                    os.killpg(run.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _is_process(pid: int, create_time: float | None) -> bool:
+    try:
+        import psutil
+
+        return create_time is not None and abs(psutil.Process(pid).create_time() - create_time) <= 1.0
+    except Exception:
+        return False
+
+
+def _in_group(pid: int | None, pgid: int) -> bool:
+    try:
+        return bool(pid) and os.getpgid(pid) == pgid
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# one OpenMP thread per worker
+
+
+def _set_one_thread_for_children(patch: pytest.MonkeyPatch) -> None:
+    """Workers started from this process (launcher.start_worker copies os.environ) get one
+    intra-op thread: on a shared 2-core box two OpenMP threads spinning against other
+    load made an mlp-tiny step 20x slower (99 ms vs 4.5 ms measured), and these tests are
+    about processes and records, not throughput.
+
+    torch is imported first: its OpenMP runtime reads the variable when it loads, so this
+    process keeps its own thread count whatever the tests set for their children.
+    """
+    import torch  # noqa: F401
+
+    patch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def one_thread_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_one_thread_for_children(monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------
+# several runs at once (module scope)
+
+
+@pytest.fixture(scope="module")
+def module_homes(tmp_path_factory: pytest.TempPathFactory):
+    """`make(name)` -> a fresh data directory for a module-scoped fixture that starts
+    several independent runs at once (one home each, so each has its own device queue).
+    Nothing is exported: pass the path to Store()/the CLI helpers explicitly."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        path = tmp_path_factory.mktemp(name) / "lab_home"
+        made.append(path)
+        return path
+
+    with pytest.MonkeyPatch.context() as patch:
+        _set_one_thread_for_children(patch)
+        yield make
+    for path in made:
+        _kill_active_workers(path)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def cli_command(*args: Any) -> list[str]:
+    return [sys.executable, "-m", "engine", *map(str, args)]
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment for a `python -m engine ...` subprocess using data directory `home`."""
+    env = dict(os.environ)
+    env[HOME_ENV] = str(home)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _one_thread_env(home: Path) -> dict[str, str]:
+    env = cli_env(home)
+    env["OMP_NUM_THREADS"] = "1"  # see _set_one_thread_for_children
+    return env
+
+
+@pytest.fixture
+def cli(home: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """`cli("run", "--json", ...)` -> CompletedProcess of `python -m engine ...`."""
+
+    def run_cli(*args: Any, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run(cli_command(*args), cwd=str(REPO_ROOT), env=_one_thread_env(home),
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def start_cli() -> Callable[..., subprocess.Popen]:
+    """`start_cli(home, "run", ...)` -> Popen; several can run at once (2 cores)."""
+
+    def start(home: Path, *args: Any) -> subprocess.Popen:
+        return subprocess.Popen(cli_command(*args), cwd=str(REPO_ROOT), env=_one_thread_env(home),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def finish_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """`finish_cli(popen, timeout)` -> CompletedProcess; kills the process on timeout."""
+
+    def finish(proc: subprocess.Popen, timeout: float = 180.0) -> subprocess.CompletedProcess:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\n[test] killed after {timeout:.0f} s"
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    return finish

@@ -1,0 +1,211 @@
+"""engine.compare: steady-state statistics, ratios, findings wording, config diff and the
+default selection, on runs with hand-written metric rows (exact numbers) and on real
+tiny CPU runs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from _real_runs import record_run, tiny_config, write_rows
+from engine.compare import (BASIS_NON_WARMUP, BASIS_STEADY, config_diff, default_selection,
+                            ema, findings, steady_stats, summary_table)
+from engine.config import RunConfig
+from engine.store import RunNotFound
+
+MIB = 2**20
+BATCH = 16
+EMULATED_EVIDENCE = {
+    "verdict": "no native low-precision matrix unit: emulated",
+    "headline": "no native low-precision matrix unit: emulated: no oneDNN fp16 matrix "
+                "primitive ran (this CPU lacks avx512_fp16 and amx_fp16)",
+}
+
+
+def _rows(steady_ms: list[float], losses: list[float], warmup_ms: float = 1000.0,
+          profile_ms: float = 500.0) -> list[dict]:
+    """2 warm-up steps, 3 profiler-window steps, then the steady steps (slow on purpose
+    outside steady state: an average that let them in would be visibly wrong)."""
+    phases = ["warmup"] * 2 + ["profile"] * 3 + ["steady"] * len(steady_ms)
+    times = [warmup_ms] * 2 + [profile_ms] * 3 + list(steady_ms)
+    assert len(losses) == len(phases)
+    return [{"step": i + 1, "phase": phase, "step_time_ms": ms,
+             "samples_per_s": BATCH * 1000.0 / ms, "loss": loss, "wall_time_s": 0.1 * (i + 1),
+             "mem_peak_bytes": 100 * MIB}
+            for i, (phase, ms, loss) in enumerate(zip(phases, times, losses))]
+
+
+BASE_LOSSES = [2.3, 2.2, 2.1, 2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4]
+STEADY_BASE = [100.0, 110.0, 90.0, 100.0, 100.0]  # median 100 ms -> 160 samples/s
+
+
+@pytest.fixture
+def three_runs(store):
+    base = write_rows(store, tiny_config("fp32"), _rows(STEADY_BASE, BASE_LOSSES),
+                      summary={"peak_mem_bytes": 1000 * MIB, "final_loss": BASE_LOSSES[-1]})
+    # bf16: twice as fast, 40 % less memory, loss consistently 1 % higher (same batches).
+    bf16_losses = [v * 1.01 for v in BASE_LOSSES]
+    fast = write_rows(store, tiny_config("bf16-amp"),
+                      _rows([50.0, 55.0, 45.0, 50.0, 50.0], bf16_losses, warmup_ms=1.0),
+                      summary={"peak_mem_bytes": 600 * MIB, "final_loss": bf16_losses[-1],
+                               "kernels": {"tensor_core_share": 0.85}, "mfu": 0.42})
+    # fp16: four times slower (emulated on this CPU), loss wobbling around the baseline.
+    wobble = [v * (1.004 if i % 2 else 0.996) for i, v in enumerate(BASE_LOSSES)]
+    slow = write_rows(store, tiny_config("fp16-amp"), _rows([400.0] * 5, wobble),
+                      summary={"peak_mem_bytes": 1005 * MIB, "final_loss": wobble[-1],
+                               "skipped_steps": 3, "loss_scale_final": 8192.0,
+                               "cpu_evidence": EMULATED_EVIDENCE})
+    return base, fast, slow
+
+
+def test_steady_stats_use_steady_rows_only():
+    frame = pd.DataFrame(_rows(STEADY_BASE, BASE_LOSSES))
+    stats = steady_stats(frame)
+    assert stats["basis"] == BASIS_STEADY and not stats["fallback"] and stats["rows"] == 5
+    assert stats["step_time_ms"] == 100.0  # all rows' median would be 300 ms
+    assert stats["samples_per_s"] == pytest.approx(160.0)
+    assert stats["tokens_per_s"] is None
+
+
+def test_steady_stats_fall_back_to_non_warmup_rows_and_say_so():
+    frame = pd.DataFrame(_rows([], BASE_LOSSES[:5]))
+    stats = steady_stats(frame)
+    assert stats["basis"] == BASIS_NON_WARMUP and stats["fallback"]
+    assert stats["rows"] == 3 and stats["step_time_ms"] == 500.0  # the profile rows
+    empty = steady_stats(pd.DataFrame(_rows([], BASE_LOSSES[:5])[:2]))
+    assert empty["basis"] == "none" and empty["step_time_ms"] is None
+
+
+def test_summary_table_ratios_against_the_fp32_baseline(store, three_runs):
+    base, fast, slow = three_runs
+    table = summary_table(store, [fast, slow, base]).set_index("run_id")
+    assert bool(table.loc[base, "is_baseline"])  # the fp32 run, wherever it is listed
+    assert table.loc[base, "throughput_x"] == 1.0
+    assert table.loc[fast, "throughput_x"] == pytest.approx(2.0)
+    assert table.loc[slow, "throughput_x"] == pytest.approx(0.25)
+    assert table.loc[fast, "step_time_ms"] == 50.0
+    assert table.loc[fast, "mem_saved_pct"] == pytest.approx(40.0)
+    assert table.loc[slow, "mem_saved_pct"] == pytest.approx(-0.5)
+    assert table.loc[fast, "final_loss_diff_pct"] == pytest.approx(1.0)
+    assert table.loc[fast, "loss_noise_basis"] == "paired"
+    assert table.loc[slow, "skipped_steps"] == 3
+    assert table.loc[fast, "tensor_core_share"] == 0.85
+    assert table.loc[base, "tensor_core_share"] is None  # unknown stays unknown
+    assert table.loc[fast, "mfu"] == 0.42
+    assert table.loc[base, "max_batch_fit"] is None
+    assert table.loc[slow, "cpu_verdict"] == EMULATED_EVIDENCE["verdict"]
+    # Another baseline: ratios follow it.
+    other = summary_table(store, [base, fast], baseline_id=fast).set_index("run_id")
+    assert other.loc[base, "throughput_x"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="baseline_id"):
+        summary_table(store, [base], baseline_id=fast)
+    with pytest.raises(RunNotFound):
+        summary_table(store, [base, "no-such-run"])
+
+
+def test_findings_say_faster_slower_and_why_with_the_tables_numbers(store, three_runs):
+    base, fast, slow = three_runs
+    table = summary_table(store, [base, fast, slow])
+    runs = {run_id: store.get_run(run_id) for run_id in (base, fast, slow)}
+    text = findings(table, runs)
+    by_name = {line.split(":")[0]: line for line in text}
+    assert by_name["Baseline fp32"].startswith("Baseline fp32: 160.0 samples/s, 100.0 ms per step")
+
+    bf16 = by_name["bf16-amp"]
+    assert "2.0x faster than fp32" in bf16
+    assert "40 % less memory" in bf16
+    # A constant 1 % offset on the same batches is real, not noise.
+    assert "final loss 1 % higher (worse) than fp32" in bf16
+    assert "85% of GPU kernel time on Tensor Cores" in bf16
+    assert "MFU 42.0%" in bf16
+
+    fp16 = by_name["fp16-amp"]
+    assert "4.0x slower than fp32" in fp16 and "faster" not in fp16
+    assert "skipped 3 steps to overflow" in fp16 and "final loss scale 8192" in fp16
+    assert "about the same peak memory" in fp16
+    assert "final loss within noise" in fp16  # a ±0.4 % wobble, final diff +0.4 %
+    assert f"Why, from the CPU evidence of its profiler window: {EMULATED_EVIDENCE['headline']}" in fp16
+    assert "Tensor Cores" not in fp16 and "Tensor Cores" not in by_name["Baseline fp32"]
+    assert any(line.startswith("Fastest: bf16-amp (2.00x") for line in text)
+
+
+def test_findings_do_not_explain_a_slowdown_without_evidence(store):
+    base = write_rows(store, tiny_config("fp32"), _rows(STEADY_BASE, BASE_LOSSES))
+    slow = write_rows(store, tiny_config("bf16-amp"), _rows([300.0] * 5, BASE_LOSSES))
+    table = summary_table(store, [base, slow])
+    (line,) = [s for s in findings(table, [store.get_run(base), store.get_run(slow)])
+               if s.startswith("bf16-amp")]
+    assert "3.0x slower" in line and "emulated" not in line
+    assert "No CPU evidence was recorded" in line
+
+
+def test_findings_flag_fallback_timing_failed_runs_and_different_workloads(store):
+    base = write_rows(store, tiny_config("fp32"), _rows(STEADY_BASE, BASE_LOSSES))
+    stopped = write_rows(store, tiny_config("bf16-amp", batch_size=32),
+                         _rows([], BASE_LOSSES[:5]), status="failed",
+                         reason="worker exited with signal 9 (SIGKILL) at step 5")
+    table = summary_table(store, [base, stopped])
+    assert table.set_index("run_id").loc[stopped, "steady_basis"] == BASIS_NON_WARMUP
+    text = findings(table, [store.get_run(base), store.get_run(stopped)])
+    assert text[0].startswith("Caution: the runs differ in batch_size (16, 32)")
+    (line,) = [s for s in text if s.startswith("bf16-amp")]
+    assert "run failed: worker exited with signal 9" in line
+    assert "timing from non-warm-up steps" in line
+
+
+def test_config_diff_lists_only_differing_fields():
+    configs = {"a": RunConfig(model="mlp", precision="fp32", batch_size=16),
+               "b": RunConfig(model="mlp", precision="bf16-amp", batch_size=32),
+               "c": RunConfig(model="mlp", precision="fp16-amp", batch_size=16,
+                              loss_scaling=False)}
+    diff = config_diff(configs)
+    assert list(diff["field"]) == ["precision", "batch_size", "loss_scaling"]
+    assert list(diff.columns) == ["field", "a", "b", "c"]
+    assert diff.set_index("field").loc["batch_size"].tolist() == ["16", "32", "16"]
+    assert config_diff({"a": configs["a"], "z": configs["a"]}).empty
+
+
+def test_default_selection_prefers_the_preset_then_the_newest_group(store):
+    old_group = [write_rows(store, tiny_config(p), _rows(STEADY_BASE, BASE_LOSSES))
+                 for p in ("fp32", "bf16-amp")]
+    new_group = [write_rows(store, tiny_config(p, batch_size=8), _rows(STEADY_BASE, BASE_LOSSES))
+                 for p in ("fp32", "fp16-amp", "bf16-amp")]
+    write_rows(store, tiny_config("fp32", batch_size=4), _rows(STEADY_BASE, BASE_LOSSES))
+    write_rows(store, tiny_config("fp16-amp", batch_size=4), _rows(STEADY_BASE, BASE_LOSSES),
+               status="failed")  # a failed partner does not make a group
+    assert default_selection(store) == new_group
+    assert default_selection(store, preset_ids=old_group) == old_group
+    assert default_selection(store, preset_ids=["gone-1", old_group[1]]) == [old_group[1]]
+    assert default_selection(store, preset_ids=["gone-1"]) == new_group
+
+
+def test_default_selection_of_an_empty_store(store):
+    assert default_selection(store) == []
+
+
+def test_ema_smooths_and_keeps_gaps():
+    assert ema([1.0, 2.0, 3.0], 0.0).tolist() == [1.0, 2.0, 3.0]
+    smoothed = ema([0.0, 1.0, 1.0, float("nan"), 1.0], 0.5).tolist()
+    assert smoothed[:3] == pytest.approx([0.0, 1 / 1.5, 1.5 / 1.75])  # bias-corrected
+    assert math.isnan(smoothed[3]) and 0.857 < smoothed[4] < 1.0
+    with pytest.raises(ValueError, match="alpha"):
+        ema([1.0], 1.0)
+
+
+@pytest.mark.slow
+def test_summary_of_real_tiny_cpu_runs(store):
+    base = record_run(store, tiny_config("fp32", steps=8))
+    other = record_run(store, tiny_config("bf16-amp", steps=8))
+    table = summary_table(store, [base, other]).set_index("run_id")
+    stored = store.read_metrics(other, max_points=None)
+    steady = stored[stored["phase"] == "steady"]
+    assert table.loc[other, "steady_rows"] == len(steady) == 8 - 2  # warm-up excluded
+    assert table.loc[other, "step_time_ms"] == pytest.approx(steady["step_time_ms"].median())
+    assert table.loc[other, "throughput_x"] == pytest.approx(
+        steady["samples_per_s"].median() / table.loc[base, "samples_per_s"])
+    text = findings(table.reset_index(), [store.get_run(base), store.get_run(other)])
+    x = table.loc[other, "throughput_x"]
+    word = "faster" if x >= 1.05 else "slower" if x <= 0.95 else "about as fast"
+    assert word in text[1]
