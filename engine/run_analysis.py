@@ -18,9 +18,12 @@ NO_KERNELS_ERROR = ("the profiler recorded no GPU kernel events on a CUDA run: C
 
 
 def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path | None,
-                   onednn_log_path: Path | None, compute_dtype: str) -> dict[str, Any]:
+                   onednn_log_path: Path | None, compute_dtype: str,
+                   gpm: tuple[float | None, str] | None = None) -> dict[str, Any]:
     """Store the kernel table and return the summary fields it produced."""
     summary: dict[str, Any] = {"compute_dtype": compute_dtype}
+    if gpm is not None:
+        summary["gpm_tensor_util_pct"], summary["gpm_note"] = gpm
     if trace_path is not None:
         summary["trace_file"] = trace_path.name
     if device_key.startswith("cuda") and trace_path is not None:

@@ -188,6 +188,10 @@ class ProfilerWindow:
         self.stack: contextlib.ExitStack | None = None
         self.trace_path: Path | None = None
         self.onednn_log_path: Path | None = None
+        self.gpm_thread = None
+        self.gpm: tuple[float | None, str] = (
+            (None, "not available: still sampling") if device.type == "cuda" else
+            (None, "not available: NVML GPM tensor counters exist on NVIDIA Hopper+ GPUs only"))
 
     def before_step(self, step: int, phase: str) -> None:
         if self.enabled and phase == PROFILE and self.prof is None and self.trace_path is None:
@@ -197,6 +201,7 @@ class ProfilerWindow:
             self.stack = contextlib.ExitStack()
             if self.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
+                self._start_gpm_sampler()
             else:
                 # The CPU's evidence: which oneDNN implementation ran each primitive.
                 from .cpu_evidence import capture_onednn_verbose
@@ -206,6 +211,21 @@ class ProfilerWindow:
             self.prof = self.stack.enter_context(
                 profile(activities=activities, record_shapes=True))
 
+    def _start_gpm_sampler(self) -> None:
+        """Counter-based confirmation on Hopper+: NVML GPM tensor-pipe activity, sampled in
+        a thread while the window's steps run (name-based evidence only infers)."""
+        import threading
+
+        from .telemetry import gpm_tensor_util
+
+        index = self.device.index or 0
+
+        def sample() -> None:
+            self.gpm = gpm_tensor_util(index, duration_s=0.5)
+
+        self.gpm_thread = threading.Thread(target=sample, name="gpm-sampler", daemon=True)
+        self.gpm_thread.start()
+
     def after_step(self, step: int, next_phase: str | None) -> bool:
         """Close the window after its last step; True when a trace was written now."""
         if self.prof is None or next_phase == PROFILE:
@@ -214,6 +234,8 @@ class ProfilerWindow:
             torch.cuda.synchronize(self.device)
         prof, self.prof = self.prof, None
         self.stack.close()
+        if self.gpm_thread is not None:
+            self.gpm_thread.join(timeout=5.0)
         plain = self.run_dir / "trace.json"
         prof.export_chrome_trace(str(plain))
         self.trace_path = self.run_dir / TRACE_FILENAME

@@ -168,7 +168,7 @@ def run_trainer(run_id: str, store: Store) -> int:
         # The analysis must never cost the run: a failure is recorded, not raised.
         try:
             analyze_window(store, run_id, run.device_key, window.trace_path,
-                           window.onednn_log_path, compute_dtype)
+                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
         except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
             traceback.print_exc()
             store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})

@@ -133,6 +133,11 @@ except RunNotFound:
 
 if run.summary.get("profile_error"):
     st.error(f"Profiler: {run.summary['profile_error']}")
+if run.summary.get("gpm_tensor_util_pct") is not None:
+    st.metric("Tensor-pipe activity (NVML GPM counter)",
+              f"{run.summary['gpm_tensor_util_pct']:.1f} %", help=run.summary.get("gpm_note"))
+elif run.summary.get("gpm_note"):
+    st.caption(f"Counter-based confirmation (NVML GPM): {run.summary['gpm_note']}")
 trace_path = store.run_dir(run.id) / TRACE_FILENAME
 if run.device_key.startswith("cuda") and trace_path.exists():
     gpu_report(analyze(str(trace_path), trace_path.stat().st_mtime_ns))
