@@ -390,11 +390,20 @@ def _metric_row(cfg, trainer, step, phase, loss_value, grad_norm, step_time_ms, 
         if samples_per_s and trainer.tokens_per_sample else None,
         "loss_scale": loss_scale, "skipped_steps": skipped_steps, "grad_norm": grad_norm,
         "achieved_tflops": achieved_flops / 1e12 if achieved_flops else None,
-        "mfu": achieved_flops / peak_flops if achieved_flops and peak_flops else None,
+        "mfu": plausible_mfu(achieved_flops, peak_flops),
         "phase": phase,
     }
     row.update(memory_snapshot(device))
     return row
+
+
+def plausible_mfu(achieved_flops: float | None, peak_flops: float | None) -> float | None:
+    """achieved / peak, or None when it cannot be right (above 100 %: the peak is an
+    underestimate, e.g. a measured peak of an emulated dtype). Omitted, never wrong."""
+    if not achieved_flops or not peak_flops:
+        return None
+    mfu = achieved_flops / peak_flops
+    return mfu if mfu <= 1.0 else None
 
 
 def _check_finite(cfg: RunConfig, step: int, loss_value: float, loss_scale: float | None) -> None:

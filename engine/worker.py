@@ -158,7 +158,7 @@ def run_trainer(run_id: str, store: Store) -> int:
 
     from .run_analysis import analyze_window
     from .telemetry import TelemetrySampler
-    from .train import Diverged, train
+    from .train import Diverged, plausible_mfu, train
 
     cfg = run.config
     buffer = MetricBuffer(store, run_id)
@@ -201,7 +201,12 @@ def run_trainer(run_id: str, store: Store) -> int:
     buffer.flush()
     summary = result.to_dict()
     if peak and result.achieved_tflops:
-        summary["mfu"] = result.achieved_tflops * 1e12 / peak
+        summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak)
+        if summary["mfu"] is None:
+            summary["mfu_note"] = (f"MFU omitted: the run achieved {result.achieved_tflops * 1e3:.3g} "
+                                   f"GFLOP/s, more than the {peak / 1e9:.3g} GFLOP/s peak "
+                                   "measured by the matmul microbenchmark, so that peak does not "
+                                   "represent this model's matmuls (typical of emulated dtypes)")
     store.merge_summary(run_id, summary)
     final = STOPPED if result.status == "stopped" else FINISHED
     store.set_status(run_id, final, result.reason)

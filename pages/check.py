@@ -12,7 +12,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from engine.check import CheckFailed, run_check_subprocess
-from pages.ui import cached_devices, fmt_bytes
+from pages.ui import cached_devices, ensure_app_shell, fmt_bytes
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 VERDICT_BADGES = {"ok": "✅ ok", "slow": "⚠️ slow", "not supported": "⛔ not supported",
                   "skipped": "⏭️ skipped"}

@@ -20,7 +20,9 @@ from engine.launcher import launch, reconcile
 from engine.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
 from engine.report import X_STEP, X_WALL, build_html, comparison_figures
 from pages.numerics_charts import KIND_LABELS, histogram_figure
-from pages.ui import get_store, status_badge
+from pages.ui import ensure_app_shell, get_store, status_badge
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 PRESET_KEY = "preset_run_ids"  # written by the Launch page's comparison preset
 RUNS_KEY, SEEN_PRESET_KEY, BASELINE_KEY = "compare_runs", "compare_seen_preset", "compare_baseline"

@@ -12,7 +12,9 @@ import streamlit as st
 
 from engine.store import RunNotFound
 from engine.train import TRACE_FILENAME
-from pages.ui import LIVE_RUN_KEY, get_store, status_badge
+from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, status_badge
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 st.title("Kernels")
 st.caption("Kernel names are the evidence: cuBLAS/cuDNN/CUTLASS encode the math unit and "

@@ -8,7 +8,9 @@ from engine.config import (ConfigError, ModelName, ModelSize, OptimizerName, Pre
                            PRECISION_LABELS, RunConfig, choices, field_doc)
 from engine.devices import UNSUPPORTED, mode_support
 from engine.launcher import launch
-from pages.ui import MODE_ICONS, cached_devices, get_store, open_in_live
+from pages.ui import MODE_ICONS, cached_devices, ensure_app_shell, get_store, open_in_live
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 COMPARISON_PRESET = (Precision.FP32.value, Precision.FP16_AMP.value, Precision.BF16_AMP.value)
 DEFAULTS = RunConfig()

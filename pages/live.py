@@ -15,6 +15,10 @@ from engine.store import RunNotFound
 from pages import charts
 from pages.ui import (LIVE_RUN_KEY, fmt_bytes, fmt_duration, fmt_num, get_store, status_badge)
 
+from pages.ui import ensure_app_shell
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
+
 REFRESH_S = 1.0
 MAX_PLOT_POINTS = 2000
 _CACHE_KEY = "live_metrics_cache"

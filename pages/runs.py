@@ -10,7 +10,9 @@ import streamlit as st
 from engine.config import Precision, choices
 from engine.launcher import reconcile
 from engine.store import STATUSES
-from pages.ui import get_store, open_in_live, status_badge
+from pages.ui import ensure_app_shell, get_store, open_in_live, status_badge
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 store = get_store()
 reconcile(store)

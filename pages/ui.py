@@ -21,6 +21,21 @@ MODE_ICONS = {"native": "🟢", "emulated": "🟡", "unsupported": "⛔"}
 LIVE_RUN_KEY = "live_run_id"
 
 
+def ensure_app_shell() -> None:
+    """Make sure the page runs inside app.py's navigation, even on a server's first request.
+
+    Streamlit keeps a legacy mode for apps with a `pages/` folder: until some session has
+    run app.py (which calls st.navigation and switches the mode off), a first request for
+    /live runs pages/live.py alone, without the app's navigation, layout and sidebar.
+    Switching the legacy flag off and rerunning routes the same URL through app.py.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 @st.cache_resource(show_spinner=False)
 def _cached_store(home: str | None) -> Store:
     return Store(home)

@@ -282,3 +282,17 @@ def test_runs_page_lists_the_runs_and_opens_one_in_live(server, page, store):
     goto(page, f"{server.url}/live?run={finished}", TITLES["live"])
     wait_for(lambda: chart_points(page, "Loss") == 20, 20, message="the stored 20 points")
     assert_page_healthy(page, "Live of a finished run")
+
+
+@pytest.mark.timeout(120)
+def test_first_request_to_a_page_url_gets_the_app_shell(server, page):
+    """A fresh server whose very first request is /runs must still route through app.py:
+    Streamlit's legacy `pages/` mode would otherwise run pages/runs.py alone (no app
+    navigation, no device card, a nav listing every file in pages/)."""
+    goto(page, f"{server.url}/runs", title="Runs")
+    assert_page_healthy(page, "/runs as first request")
+    assert urlparse(page.url).path.strip("/") == "runs"
+    assert set(nav_paths(page)) >= {"", "live", "runs"}
+    assert not {"ui", "charts", "app"} & set(nav_paths(page))
+    sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
+    assert "Devices" in sidebar

@@ -250,3 +250,11 @@ def test_metric_rows_carry_every_column_with_units():
         assert row["mem_allocated_bytes"] is None  # CPU: no CUDA allocator figures
         assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * cfg.seq_len)
         assert row["grad_norm"] > 0
+
+
+def test_mfu_is_omitted_rather_than_above_100_percent():
+    from engine.train import plausible_mfu
+
+    assert plausible_mfu(5e9, 1e10) == pytest.approx(0.5)
+    assert plausible_mfu(2e10, 1e10) is None  # the peak must be an underestimate
+    assert plausible_mfu(None, 1e10) is None and plausible_mfu(5e9, None) is None
