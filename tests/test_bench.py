@@ -1,0 +1,116 @@
+"""Smoke tests of the benchmarks: each runs with --quick as a subprocess and its last
+stdout line is one JSON object with the figures, the target and the machine facts.
+
+No assertion on speed: the benchmarks print ratios measured side by side; whether a
+target is met depends on the machine and its neighbours, not on the code alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def run_bench(module: str, *args: str, timeout: float = 180.0) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", module, "--quick", "--json", *args],
+                          cwd=str(REPO_ROOT), env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, (f"{module} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                                  f"{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) > 1, "a readable table comes before the JSON line"
+    result = json.loads(lines[-1])
+    assert isinstance(result, dict)
+    return result
+
+
+def assert_finite(value, what: str) -> None:
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), (what, value)
+    assert math.isfinite(value), (what, value)
+
+
+def assert_common(result: dict, name: str) -> None:
+    assert result["benchmark"] == name
+    assert isinstance(result["met"], bool)
+    assert result["repeats"] >= 1
+    assert_finite(result["elapsed_s"], "elapsed_s")
+    machine = result["machine"]
+    assert machine["cpu_count"] >= 1
+    assert len(machine["load_avg_1_5_15_min"]) == 3
+
+
+def assert_spread(spread: dict, what: str) -> None:
+    for key in ("median", "min", "max"):
+        assert_finite(spread[key], f"{what}.{key}")
+    assert spread["min"] <= spread["median"] <= spread["max"], (what, spread)
+
+
+def test_overhead_reports_the_throughput_ratio_at_both_log_intervals():
+    result = run_bench("bench.overhead")
+    assert_common(result, "overhead")
+    assert_finite(result["throughput_ratio"], "throughput_ratio")
+    assert result["throughput_ratio"] > 0
+    assert result["target"] == 0.98 and result["target_op"] == ">="
+    assert set(result["results"]) == {"li=1", "li=10"}
+    for side in result["results"].values():
+        assert_spread(side["throughput_ratio"], "throughput_ratio")
+        assert_spread(side["instrumented_samples_per_s"], "instrumented_samples_per_s")
+        assert side["metric_rows_per_run"] >= 1  # the MetricBuffer really wrote to the store
+    assert result["config"]["profile"] is False
+    assert_spread(result["bare_samples_per_s"], "bare_samples_per_s")
+
+
+def test_first_point_reports_both_ways_in_and_the_trainer_start_up():
+    result = run_bench("bench.first_point")
+    assert_common(result, "first_point")
+    assert result["target"] == 2.0
+    for way in ("cli", "in_process"):
+        assert_finite(result["first_row_s"][way], f"first_row_s.{way}")
+        assert result["first_row_s"][way] > 0
+        assert_spread(result["results"][way]["first_row_s"], f"{way}.first_row_s")
+        assert isinstance(result["met_by_way"][way], bool)
+    phases = result["trainer_start_phases_s"]
+    assert "import torch" in phases
+    for name, spread in phases.items():
+        assert_spread(spread, name)
+    assert "torch" in result["top_imports_s"]
+
+
+def test_store_reports_write_throughput_and_read_latency(tmp_path):
+    result = run_bench("bench.store", "--cache-dir", str(tmp_path / "cache"))
+    assert_common(result, "store")
+    for key in ("1_writer", "4_writers"):
+        assert_finite(result["points_per_s"][key], key)
+        assert result["points_per_s"][key] > 0
+    assert_finite(result["worst_downsampled_read_ms"], "worst_downsampled_read_ms")
+    modes = {(w["mode"], w["writers"]) for w in result["writes"]}
+    assert modes == {(m, n) for m in ("batch", "batch-kept", "buffer") for n in (1, 4)}
+    for write in result["writes"]:
+        assert write["rows_stored"] == write["rows"]  # every row written was committed
+    for name, spread in result["reads"]["reads_ms"].items():
+        assert_spread(spread, name)
+    assert result["dataset"]["runs"] == 3 and result["dataset"]["reused"] is False
+
+
+def test_ui_reports_render_times_of_every_page(tmp_path):
+    result = run_bench("bench.ui", "--cache-dir", str(tmp_path / "cache"))
+    assert_common(result, "ui")
+    assert result["target"] == 300.0
+    expected = {"launch (reference)", "live, new session", "live, rerun (1 s refresh)", "runs"}
+    assert expected <= set(result["render_ms"])
+    if result["compare_page"]:
+        assert "compare, default selection" in result["render_ms"]
+    for name, ms in result["render_ms"].items():
+        assert_finite(ms, name)
+        assert ms > 0
