@@ -204,13 +204,19 @@ class Store:
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / validate_run_id(run_id)
 
-    @contextlib.contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
+    def open_connection(self) -> sqlite3.Connection:
+        """A configured connection the caller closes: for a writer's hot path (the metric
+        buffer), where reopening per flush costs a WAL checkpoint and an fsync each time."""
         # isolation_level=None: we issue BEGIN ourselves where a transaction is needed.
         conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints
+        return conn
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        conn = self.open_connection()
         try:
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints
             yield conn
         except Exception as exc:
             if _is_corruption(exc):

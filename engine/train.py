@@ -129,8 +129,12 @@ class Trainer:
         self.tokens_per_sample = cfg.seq_len if cfg.model == ModelName.GPT.value else None
         self.probe: NumericsProbe | None = None
 
-    def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here."""
+    def step(self, step: int, want_grad_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here.
+
+        The gradient norm costs a reduction over every gradient; it is computed when it is
+        logged, and on every step under a GradScaler (a non-finite norm = a skipped step).
+        """
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -149,15 +153,18 @@ class Trainer:
             loss.backward()
         if probe is not None:
             probe.capture_gradients(step, self.model)  # after unscale_: the true gradients
-        grads = [p.grad for p in self.params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        grad_norm = None
+        if want_grad_norm or scaler is not None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            grad_norm = (torch.nn.utils.get_total_norm(grads) if grads
+                         else torch.zeros((), device=self.device))
         if scaler is not None:
             scaler.step(self.optimizer)  # skipped internally when grads hold inf/NaN
             scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), grad_norm.detach()
+        return loss.detach(), None if grad_norm is None else grad_norm.detach()
 
 
 def measure_flops_per_step(trainer: Trainer) -> float | None:
@@ -321,14 +328,14 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         if sampled and phase == STEADY:
             phase = NUMERICS  # slower on purpose: kept out of steady-state averages
         profiler.before_step(step, phase)
-        loss, grad_norm = trainer.step(step)
+        is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
+        loss, grad_norm = trainer.step(step, want_grad_norm=is_log_step)
         if sampled:
             probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it
         if scaler is not None:
             skipped_total += (~torch.isfinite(grad_norm)).to(torch.int64)  # device-side count
         next_phase = phase_of(step + 1, cfg) if step < cfg.steps else None
         interval.steps += 1
-        is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
         wrote_trace = False
         # A phase change is a timing boundary too (one extra sync per phase, not per
         # step), so a steady interval never carries warm-up or profiler time.
@@ -336,7 +343,8 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         if is_log_step or profiler.prof is not None or phase_ends:
             # Sync point: timing needs the device to have finished the queued work.
             loss_value = float(loss.item())
-            elapsed_s = time.perf_counter() - interval.start_s
+            measured_at_s = time.perf_counter()
+            elapsed_s = measured_at_s - interval.start_s
             step_time_ms = elapsed_s * 1000.0 / interval.steps
             if phase == STEADY:
                 steady_time_s += elapsed_s
@@ -353,7 +361,9 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
                 first_loss = loss_value if first_loss is None else first_loss
                 final_loss = loss_value
                 _check_finite(cfg, step, loss_value, loss_scale)
-            interval = _Interval(start_s=time.perf_counter())
+            # The next interval starts at the measurement, so logging and flushing count
+            # against throughput like any other cost of the instrumented loop.
+            interval = _Interval(start_s=measured_at_s)
         if wrote_trace and on_window is not None:
             on_window(profiler, trainer.plan.compute_dtype_name)
             interval = _Interval(start_s=time.perf_counter())  # export time is not a step

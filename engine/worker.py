@@ -124,6 +124,7 @@ class MetricBuffer:
         self.run_id = run_id
         self.rows: list[dict] = []
         self.last_flush_s = time.monotonic()
+        self.conn = store.open_connection()  # kept: a fresh one per flush costs ~7 ms
 
     def __call__(self, rows: list[dict]) -> None:
         self.rows.extend(rows)
@@ -132,9 +133,13 @@ class MetricBuffer:
 
     def flush(self) -> None:
         if self.rows:
-            self.store.write_metrics(self.run_id, self.rows)
+            self.store.write_metrics(self.run_id, self.rows, conn=self.conn)
             self.rows = []
         self.last_flush_s = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self.conn.close()
 
 
 def run_trainer(run_id: str, store: Store) -> int:
@@ -198,7 +203,7 @@ def run_trainer(run_id: str, store: Store) -> int:
         return 1
     finally:
         sampler.stop()
-    buffer.flush()
+    buffer.close()
     summary = result.to_dict()
     if peak and result.achieved_tflops:
         summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak)
