@@ -276,13 +276,26 @@ def _torch_cuda_devices() -> list[DeviceInfo]:
 def list_devices() -> tuple[DeviceInfo, ...]:
     """CPU first, then every CUDA GPU. Cached: hardware does not change under a process."""
     gpus = _nvml_devices()
-    torch_cuda_count = _torch_cuda_count()
     if gpus:
+        torch_cuda_count = _torch_cuda_count()
         gpus = [gpu if index < torch_cuda_count else _replace(gpu, torch_usable=False)
                 for index, gpu in enumerate(gpus)]
-    elif torch_cuda_count:
+    elif not _nvml_importable():
+        # No NVML bindings to ask: let torch look (this imports it).
         gpus = _torch_cuda_devices()
-    return (cpu_device(), *gpus)
+    # NVML present but no GPU: no driver, so no CUDA device either; torch is not imported.
+    return (_cpu_device_cached(), *gpus)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_device_cached() -> DeviceInfo:
+    return cpu_device()
+
+
+def _nvml_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pynvml") is not None
 
 
 def _torch_cuda_count() -> int:
@@ -306,6 +319,8 @@ def mode_support(dev: DeviceInfo, mode: Precision) -> ModeSupport:
 
 
 def get_device(key: str) -> DeviceInfo:
+    if key == "cpu":  # no GPU discovery (and no torch import) for a CPU run
+        return _cpu_device_cached()
     for dev in list_devices():
         if dev.key == key:
             return dev
@@ -314,12 +329,12 @@ def get_device(key: str) -> DeviceInfo:
 
 def resolve_device_key(spec: str) -> str:
     """'auto' -> 'cuda:0' when a usable GPU exists, else 'cpu'; 'cuda' -> 'cuda:0'."""
+    if spec == "cpu":
+        return "cpu"
     devices = list_devices()
     usable_gpus = [d for d in devices if d.kind == "cuda" and d.torch_usable]
     if spec == "auto":
         return usable_gpus[0].key if usable_gpus else "cpu"
-    if spec == "cpu":
-        return "cpu"
     key = "cuda:0" if spec == "cuda" else spec
     if not any(d.key == key for d in usable_gpus):
         found = ", ".join(d.key for d in usable_gpus) or "none"

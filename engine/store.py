@@ -24,12 +24,12 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from .config import RunConfig
-from .downsample import downsample_minmax
+
+if TYPE_CHECKING:  # pandas is imported where frames are built: the supervisor never needs it
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 DB_FILENAME = "precision_lab.sqlite3"
@@ -376,6 +376,10 @@ class Store:
 
         `columns` limits both the query and the downsampling to the series a chart needs.
         """
+        import pandas as pd
+
+        from .downsample import downsample_minmax
+
         wanted = list(columns) if columns else list(METRIC_COLUMNS)
         bad = [c for c in wanted if c not in METRIC_COLUMNS]
         if bad:
@@ -414,6 +418,10 @@ class Store:
 
     def read_telemetry(self, run_id: str, after_t_s: float = 0.0,
                        max_points: int | None = 2000) -> pd.DataFrame:
+        import pandas as pd
+
+        from .downsample import downsample_minmax
+
         with self.connect() as conn:
             frame = pd.read_sql_query(
                 f"SELECT {','.join(TELEMETRY_COLUMNS)} FROM telemetry WHERE run_id = ? AND t_s > ?"
@@ -432,6 +440,8 @@ class Store:
                 [(run_id, *(_sql_value(row.get(c)) for c in KERNEL_COLUMNS)) for row in rows])
 
     def read_kernels(self, run_id: str) -> pd.DataFrame:
+        import pandas as pd
+
         with self.connect() as conn:
             return pd.read_sql_query(
                 f"SELECT {','.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ?"

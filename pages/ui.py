@@ -19,6 +19,7 @@ STATUS_ICONS = {
 }
 MODE_ICONS = {"native": "🟢", "emulated": "🟡", "unsupported": "⛔"}
 LIVE_RUN_KEY = "live_run_id"
+SHELL_KEY = "_app_shell_drawn"
 
 
 def ensure_app_shell() -> None:
@@ -27,11 +28,15 @@ def ensure_app_shell() -> None:
     Streamlit keeps a legacy mode for apps with a `pages/` folder: until some session has
     run app.py (which calls st.navigation and switches the mode off), a first request for
     /live runs pages/live.py alone, without the app's navigation, layout and sidebar.
-    Switching the legacy flag off and rerunning routes the same URL through app.py.
+    Switching the legacy flag off and rerunning, before the page draws anything, routes
+    the same URL through app.py.
     """
     from streamlit.runtime.pages_manager import PagesManager
 
-    if PagesManager.uses_pages_directory:
+    # Only for a session that has never had the shell: Streamlit's test harness re-enters
+    # the legacy mode on every rerun of a session that app.py already set up, and a
+    # rerun there would swallow the widget interaction being tested.
+    if PagesManager.uses_pages_directory and not st.session_state.get(SHELL_KEY):
         PagesManager.uses_pages_directory = False
         st.rerun()
 
