@@ -194,8 +194,9 @@ class Store:
                 conn.executescript(_SCHEMA)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.db_path}: cannot open the database ({exc}); if the file is "
-                             f"corrupted, move it away and restart (runs/ is kept)") from exc
+            problem = _storage_problem(exc) or ("cannot open the database; if the file is "
+                                                "corrupted, move it away and restart (runs/ is kept)")
+            raise StoreError(f"{self.db_path}: {problem} ({exc})") from exc
 
     @property
     def runs_dir(self) -> Path:
@@ -215,13 +216,19 @@ class Store:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        conn = self.open_connection()
+        try:
+            conn = self.open_connection()
+        except sqlite3.DatabaseError as exc:
+            problem = _storage_problem(exc)
+            if problem:
+                raise StoreError(f"{self.db_path}: {problem} ({exc})") from exc
+            raise
         try:
             yield conn
         except Exception as exc:
-            if _is_corruption(exc):
-                raise StoreError(f"{self.db_path}: cannot open the database ({exc}); the file "
-                                 "is damaged: move it away and restart (runs/ is kept)") from exc
+            problem = _storage_problem(exc)
+            if problem:
+                raise StoreError(f"{self.db_path}: {problem} ({exc})") from exc
             raise
         finally:
             conn.close()
@@ -448,11 +455,34 @@ class Store:
                 " ORDER BY total_us DESC", conn, params=(run_id,))
 
 
-def _is_corruption(exc: BaseException) -> bool:
-    """sqlite3 (or pandas wrapping it) reporting a damaged file, not a busy one."""
+_STORAGE_PROBLEMS = (
+    (("malformed", "not a database"),
+     "cannot open the database; the file is damaged: move it away and restart (runs/ is kept)"),
+    (("disk is full", "database or disk is full"),
+     f"the data directory's disk is full: free space there or point {HOME_ENV} elsewhere; "
+     "existing runs are kept"),
+    (("readonly database", "read-only"),
+     f"the database is read-only: make the data directory writable or point {HOME_ENV} "
+     "elsewhere"),
+    (("disk i/o error",),
+     "cannot read or write the database: the disk under the data directory is full or "
+     f"failing (a full disk shows up this way in WAL mode); free space there or point "
+     f"{HOME_ENV} elsewhere; existing runs are kept"),
+)
+
+
+def _storage_problem(exc: BaseException) -> str | None:
+    """What a sqlite3 error (or pandas wrapping one) says about the storage, if anything.
+
+    A busy/locked database is not a storage problem and is not translated.
+    """
+    if not (isinstance(exc, sqlite3.DatabaseError) or type(exc).__name__ == "DatabaseError"):
+        return None
     text = str(exc).lower()
-    return (isinstance(exc, sqlite3.DatabaseError) or type(exc).__name__ == "DatabaseError") \
-        and ("malformed" in text or "not a database" in text)
+    for needles, message in _STORAGE_PROBLEMS:
+        if any(needle in text for needle in needles):
+            return message
+    return None
 
 
 def _record(row: sqlite3.Row) -> RunRecord:

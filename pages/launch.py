@@ -8,6 +8,7 @@ from engine.config import (ConfigError, ModelName, ModelSize, OptimizerName, Pre
                            PRECISION_LABELS, RunConfig, choices, field_doc)
 from engine.devices import UNSUPPORTED, mode_support
 from engine.launcher import launch
+from engine.store import StoreError
 from pages.ui import MODE_ICONS, cached_devices, ensure_app_shell, get_store, open_in_live
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -117,7 +118,11 @@ def launch_all(precisions: tuple[str, ...]) -> list[str]:
     except ConfigError as exc:
         st.error(f"Not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
         return []
-    return [launch(cfg, store) for cfg in configs]
+    try:
+        return [launch(cfg, store) for cfg in configs]
+    except StoreError as exc:
+        st.error(f"Not launched: {exc}")
+        return []
 
 
 col_launch, col_preset = st.columns(2)
