@@ -86,6 +86,17 @@ with st.expander("Loss scaling, logging and profiling"):
     name = st.text_input("Label (optional)", max_chars=80, key="name")
 
 chosen = support[precision]
+if precision == Precision.FP8.value:
+    from engine.peaks import fp8_advice
+
+    try:
+        advice = fp8_advice(RunConfig(model=model, size=size, precision=precision,
+                                      batch_size=int(batch_size), seq_len=int(seq_len),
+                                      image_size=int(image_size)))
+    except ConfigError:
+        advice = None
+    if advice:
+        st.warning(f"fp8 may not pay here: {advice}")
 if chosen.status == UNSUPPORTED:
     st.error(f"**{precision}** cannot run on {device.name}: {chosen.reason}")
 elif chosen.status != "native":

@@ -187,3 +187,12 @@ def test_stop_button_stops_a_running_run(lab_home):
         assert store.metrics_count(run_id) > 0  # metrics kept
     finally:
         stop(run_id, store)
+
+
+def test_fp8_is_refused_on_cpu_with_the_reason_and_the_size_advice(lab_home):
+    at = _app()
+    at.selectbox(key="device").set_value("cpu")
+    at.selectbox(key="precision").set_value("fp8").run()
+    assert at.button(key="launch").disabled
+    assert any("sm89" in err.value for err in at.error)
+    assert any("fp8 may not pay here" in w.value for w in at.warning)
