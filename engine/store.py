@@ -42,6 +42,9 @@ STATUSES = (QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM)
 ACTIVE_STATUSES = (QUEUED, RUNNING)
 FINAL_STATUSES = (FINISHED, FAILED, STOPPED, DIVERGED, OOM)
 
+OVERVIEW_POINTS = 2000
+# The series whose spikes the overview keeps (per bucket min and max of each).
+OVERVIEW_SERIES = ("loss", "samples_per_s")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 # Per logged step. Units are in the names; NULL where a value does not apply
@@ -87,6 +90,17 @@ CREATE TABLE IF NOT EXISTS metrics (
     mem_peak_bytes INTEGER, rss_bytes INTEGER, loss_scale REAL, skipped_steps INTEGER,
     grad_norm REAL, achieved_tflops REAL, mfu REAL,
     phase TEXT,                        -- warmup | steady | profile
+    PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+-- A finished run's metrics downsampled once (<= OVERVIEW_POINTS rows, spikes kept):
+-- reading a long run for a chart then costs a few ms instead of a scan of every row.
+CREATE TABLE IF NOT EXISTS metrics_overview (
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    wall_time_s REAL, loss REAL, lr REAL, step_time_ms REAL, samples_per_s REAL,
+    tokens_per_s REAL, mem_allocated_bytes INTEGER, mem_reserved_bytes INTEGER,
+    mem_peak_bytes INTEGER, rss_bytes INTEGER, loss_scale REAL, skipped_steps INTEGER,
+    grad_norm REAL, achieved_tflops REAL, mfu REAL, phase TEXT,
     PRIMARY KEY (run_id, step)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS telemetry (
@@ -393,13 +407,40 @@ class Store:
             raise ValueError(f"columns={bad}: unknown metric; known: {', '.join(METRIC_COLUMNS)}")
         selected = ["step"] + [c for c in wanted if c != "step"]
         with self.connect() as conn:
+            table = "metrics"
+            if after_step == 0 and max_points and max_points <= OVERVIEW_POINTS:
+                has_overview = conn.execute("SELECT 1 FROM metrics_overview WHERE run_id = ?"
+                                            " LIMIT 1", (run_id,)).fetchone()
+                table = "metrics_overview" if has_overview else "metrics"
             frame = pd.read_sql_query(
-                f"SELECT {','.join(selected)} FROM metrics WHERE run_id = ? AND step > ?"
+                f"SELECT {','.join(selected)} FROM {table} WHERE run_id = ? AND step > ?"
                 " ORDER BY step", conn, params=(run_id, after_step))
         if max_points:
             numeric = [c for c in selected if c not in ("step", "phase", "wall_time_s")]
             frame = downsample_minmax(frame, numeric, max_points).reset_index(drop=True)
         return frame
+
+    def write_overview(self, run_id: str) -> int:
+        """Downsample a finished run's metrics once into metrics_overview; rows written.
+
+        Called by the worker when the run ends. Reads with after_step=0 and
+        max_points <= OVERVIEW_POINTS use it; incremental reads never do.
+        """
+        from .downsample import downsample_minmax
+
+        frame = self.read_metrics(run_id, max_points=None)
+        if frame.empty:
+            return 0
+        keep = downsample_minmax(frame, list(OVERVIEW_SERIES), OVERVIEW_POINTS)
+        rows = keep.astype(object).where(keep.notna(), None).to_dict("records")
+        placeholders = ",".join("?" * (len(METRIC_COLUMNS) + 1))
+        with self.transaction(immediate=True) as conn:
+            conn.execute("DELETE FROM metrics_overview WHERE run_id = ?", (run_id,))
+            conn.executemany(
+                f"INSERT INTO metrics_overview (run_id, {','.join(METRIC_COLUMNS)})"
+                f" VALUES ({placeholders})",
+                [(run_id, *(_sql_value(row.get(c)) for c in METRIC_COLUMNS)) for row in rows])
+        return len(rows)
 
     def metrics_count(self, run_id: str) -> int:
         with self.connect() as conn:

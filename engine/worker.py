@@ -186,7 +186,8 @@ def run_trainer(run_id: str, store: Store) -> int:
                        run_dir=store.run_dir(run_id), on_window=on_window,
                        peak_flops=peak)
     except Diverged as exc:
-        buffer.flush()
+        buffer.close()
+        _write_overview(store, run_id)
         store.set_status(run_id, DIVERGED, str(exc))
         return 0
     except (torch.OutOfMemoryError, MemoryError) as exc:
@@ -214,6 +215,7 @@ def run_trainer(run_id: str, store: Store) -> int:
                                    "represent this model's matmuls (typical of emulated dtypes)")
     store.merge_summary(run_id, summary)
     final = STOPPED if result.status == "stopped" else FINISHED
+    _write_overview(store, run_id)
     store.set_status(run_id, final, result.reason)
     print(f"[trainer] run {run_id}: {final} after {result.steps_completed} steps", flush=True)
     return 0
@@ -236,6 +238,14 @@ def _device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | Non
     store.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
                                  "mfu_note": peak.note, "fp8_advice": fp8_advice(cfg)})
     return peak.flops_per_s
+
+
+def _write_overview(store: Store, run_id: str) -> None:
+    """Charts of a long finished run then read ~2000 rows, not every step."""
+    try:
+        store.write_overview(run_id)
+    except Exception:  # noqa: BLE001 - an optimisation: readers fall back to the full table
+        traceback.print_exc()
 
 
 def _looks_like_oom(exc: BaseException) -> bool:
