@@ -1,7 +1,7 @@
 """Instrumented training loop vs a bare PyTorch loop: throughput ratio, side by side.
 
     python -m bench.overhead [--model gpt --size tiny --precision fp32 --batch-size 16]
-        [--device auto --log-interval 1 --rounds 10 --threads N --what-if] [--json]
+        [--device auto --log-interval 1 --rounds 10 --threads N] [--json]
 
 The instrumented side is the real thing: `engine.train.train` with a store-backed
 `emit` (a real `engine.worker.MetricBuffer` on a temporary Store, flushing to SQLite
@@ -34,8 +34,7 @@ The figure is the median over rounds of instrumented / bare throughput. Target >
 Also printed: the ratio of median step times (robust to neighbours, blind to the
 periodic flushes), the absolute extra ms per step (which sets the ratio for any other
 step time: ~ T / (T + extra)), the share of time spent in emit(), and flush latencies.
-`--what-if` adds a side whose MetricBuffer keeps one SQLite connection open (the change
-suggested to the engine), to show what it buys. On CPU the benchmark runs one torch
+On CPU the benchmark runs one torch
 thread by default (see --threads).
 """
 
@@ -84,9 +83,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "shared 2-core box swing a gpt-tiny step between 17 and 440 ms "
                              "within a minute (spin-waiting on a descheduled peer), which "
                              "buries a 2 %% effect; the absolute +ms/step carries over.")
-    parser.add_argument("--what-if", action="store_true",
-                        help="also measure log_interval N with a MetricBuffer that keeps one "
-                             "SQLite connection open (the suggested engine change)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true",
                         help="smallest useful run (smoke tests): mlp tiny, 12 steps, 1 round")
@@ -238,40 +234,11 @@ class Interleaved:
         return self.last - self.first
 
 
-def kept_connection_buffer(store, run_id: str):
-    """What-if: engine.worker.MetricBuffer, but flushing over one connection it keeps.
-
-    Today every flush opens a connection and closes it again; when that was the only
-    connection to the database, closing it checkpoints the WAL (fsync) and the next
-    flush starts a new WAL file. Passing a kept connection to `Store.write_metrics`
-    (its `conn` argument exists for this) skips all of that.
-    """
-    from engine.worker import MetricBuffer
-
-    class KeptConnectionBuffer(MetricBuffer):
-        def __init__(self) -> None:
-            super().__init__(store, run_id)
-            self._cm = store.connect()
-            self.conn = self._cm.__enter__()
-
-        def flush(self) -> None:
-            if self.rows:
-                self.store.write_metrics(self.run_id, self.rows, conn=self.conn)
-                self.rows = []
-            self.last_flush_s = time.monotonic()
-
-        def close(self) -> None:
-            self._cm.__exit__(None, None, None)
-
-    return KeptConnectionBuffer()
-
-
 @dataclass
 class Variant:
     """One instrumented configuration."""
     name: str
     cfg: Any
-    kept_connection: bool = False
 
 
 def instrumented_run(variant: Variant, device_key: str, store, clock,
@@ -290,8 +257,7 @@ def instrumented_run(variant: Variant, device_key: str, store, clock,
     cfg = variant.cfg
     run_id = store.create_run(cfg, device_key, "bench.overhead")
     store.set_status(run_id, "running")
-    buffer = (kept_connection_buffer(store, run_id) if variant.kept_connection
-              else worker.MetricBuffer(store, run_id))
+    buffer = worker.MetricBuffer(store, run_id)
     flush_ms: list[float] = []
     real_flush = buffer.flush
 
@@ -325,9 +291,7 @@ def instrumented_run(variant: Variant, device_key: str, store, clock,
     finally:
         sampler.stop()
         worker.FLUSH_INTERVAL_S = saved_interval
-    buffer.flush()
-    if variant.kept_connection:
-        buffer.close()
+    buffer.close()
     store.set_status(run_id, FINISHED)
     if isinstance(clock, Interleaved):
         window_s, inside = sum(clock.instr_steps), clock.in_window
@@ -454,8 +418,6 @@ def main(argv: list[str] | None = None) -> int:
         variants = [Variant(f"li={li}", config(li))]
         if li != 10:
             variants.append(Variant("li=10", config(10)))
-        if args.what_if:
-            variants.append(Variant(f"li={li} kept-conn", config(li), kept_connection=True))
         m = measure(args, variants, device, device_key, sync, pairing, store)
 
     results = {}
@@ -463,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         extras = m["extras"][v.name]
         self_reported = [e["self_reported_samples_per_s"] for e in extras]
         results[v.name] = {
-            "log_interval": v.cfg.log_interval, "kept_connection": v.kept_connection,
+            "log_interval": v.cfg.log_interval,
             "throughput_ratio": spread(m["ratio"][v.name]),
             "median_step_ratio": spread(m["step_ratio"][v.name]),
             # instrumented minus bare wall time per step: the absolute cost, which sets the

@@ -191,11 +191,11 @@ def run_trainer(run_id: str, store: Store) -> int:
         store.set_status(run_id, DIVERGED, str(exc))
         return 0
     except (torch.OutOfMemoryError, MemoryError) as exc:
-        buffer.flush()
+        buffer.close()
         _record_oom(store, run_id, cfg.batch_size, exc)
         return 0
     except Exception as exc:
-        buffer.flush()
+        buffer.close()
         traceback.print_exc()
         if _looks_like_oom(exc):
             _record_oom(store, run_id, cfg.batch_size, exc)
