@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from .run_stats import finalize_run_data
 from .store import (ACTIVE_STATUSES, DIVERGED, FAILED, FINISHED, OOM, QUEUED, RUNNING,
                     STOPPED, Store)
 
@@ -187,7 +188,7 @@ def run_trainer(run_id: str, store: Store) -> int:
                        peak_flops=peak)
     except Diverged as exc:
         buffer.close()
-        _write_overview(store, run_id)
+        finalize_run_data(store, run_id)
         store.set_status(run_id, DIVERGED, str(exc))
         return 0
     except (torch.OutOfMemoryError, MemoryError) as exc:
@@ -215,7 +216,7 @@ def run_trainer(run_id: str, store: Store) -> int:
                                    "represent this model's matmuls (typical of emulated dtypes)")
     store.merge_summary(run_id, summary)
     final = STOPPED if result.status == "stopped" else FINISHED
-    _write_overview(store, run_id)
+    finalize_run_data(store, run_id)
     store.set_status(run_id, final, result.reason)
     print(f"[trainer] run {run_id}: {final} after {result.steps_completed} steps", flush=True)
     return 0
@@ -238,14 +239,6 @@ def _device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | Non
     store.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
                                  "mfu_note": peak.note, "fp8_advice": fp8_advice(cfg)})
     return peak.flops_per_s
-
-
-def _write_overview(store: Store, run_id: str) -> None:
-    """Charts of a long finished run then read ~2000 rows, not every step."""
-    try:
-        store.write_overview(run_id)
-    except Exception:  # noqa: BLE001 - an optimisation: readers fall back to the full table
-        traceback.print_exc()
 
 
 def _looks_like_oom(exc: BaseException) -> bool:
