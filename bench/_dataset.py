@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-DATASET_VERSION = 2
+DATASET_VERSION = 3  # 3: finished runs carry compare stats
 BATCH_ROWS = 20_000
 TELEMETRY_HZ = 2.0
 PRECISIONS = ("fp32", "bf16-amp", "fp16-amp", "bf16-pure")
@@ -91,6 +91,7 @@ def run_config(index: int):
 
 def build_store(home: Path, runs: int, steps: int, seed: int = 0) -> list[str]:
     """Fill a new store at `home` with `runs` finished runs of `steps` logged steps."""
+    from engine.run_stats import finalize_run_data
     from engine.store import FINISHED, RUNNING, Store
 
     store = Store(home)
@@ -116,7 +117,7 @@ def build_store(home: Path, runs: int, steps: int, seed: int = 0) -> list[str]:
             "peak_mem_bytes": 412_000_000, "param_count": 120_000, "skipped_steps": 0,
             "flops_per_step": 2.2e9, "achieved_tflops": 2.2e9 * 1000.0 / step_ms / 1e12,
             "loss_scale_final": 65536.0 if cfg.precision == "fp16-amp" else None})
-        store.write_overview(run_id)  # as the worker does when a run ends
+        finalize_run_data(store, run_id)  # as the worker does when a run ends
         store.set_status(run_id, FINISHED)
         run_ids.append(run_id)
     return run_ids

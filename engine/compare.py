@@ -101,9 +101,15 @@ def paired_loss_noise_pct(frame: pd.DataFrame, base_frame: pd.DataFrame,
     batch noise is common to both and cancels in the difference; what is left is how
     much the difference itself wanders. None with fewer than 3 shared steps.
     """
-    run = _finite_losses(frame).set_axis(frame.loc[_finite_losses(frame).index, "step"])
-    base = _finite_losses(base_frame).set_axis(
-        base_frame.loc[_finite_losses(base_frame).index, "step"])
+    return _paired_noise(_losses_by_step(frame), _losses_by_step(base_frame), tail_rows)
+
+
+def _losses_by_step(frame: pd.DataFrame) -> pd.Series:
+    losses = _finite_losses(frame)
+    return losses.set_axis(frame.loc[losses.index, "step"]) if len(losses) else losses
+
+
+def _paired_noise(run: pd.Series, base: pd.Series, tail_rows: int = LOSS_TAIL_ROWS) -> float | None:
     shared = run.index.intersection(base.index)[-tail_rows:]
     if len(shared) < 3:
         return None
@@ -117,6 +123,52 @@ def _finite_losses(frame: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=float)
     losses = pd.to_numeric(frame["loss"], errors="coerce").astype(float)
     return losses[np.isfinite(losses.to_numpy(dtype=float))]
+
+
+# What summary_table needs from a run's metric rows, small and JSON-safe. A finished
+# run stores it in its summary at run end (engine.run_stats), so comparing 20 long runs
+# reads 20 summaries instead of millions of metric rows.
+COMPARE_STATS_KEY = "compare_stats"
+COMPARE_STATS_VERSION = 1
+
+
+def frame_stats(frame: pd.DataFrame) -> dict[str, Any]:
+    """Steady-state medians, final loss and noise, memory and skip maxima, loss tail."""
+    tail = _losses_by_step(frame).iloc[-LOSS_TAIL_ROWS:]
+    return {
+        "version": COMPARE_STATS_VERSION,
+        "steady": steady_stats(frame),
+        "loss": loss_stats(frame),
+        "mem_peak_max_bytes": _column_max(frame, "mem_peak_bytes"),
+        "skipped_steps_max": _column_max(frame, "skipped_steps"),
+        "loss_tail": [[int(step), float(loss)] for step, loss in tail.items()],
+    }
+
+
+def run_stats(store: Store, run: RunRecord) -> dict[str, Any]:
+    """The stored stats of a finished run, else computed from every metric row."""
+    stored = run.summary.get(COMPARE_STATS_KEY)
+    if (not run.is_active and isinstance(stored, dict)
+            and stored.get("version") == COMPARE_STATS_VERSION):
+        return stored
+    return frame_stats(_full_frame(store, run.id))
+
+
+def _full_frame(store: Store, run_id: str) -> pd.DataFrame:
+    return store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
+
+
+def _column_max(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame:
+        return None
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    return float(values.max()) if len(values) else None
+
+
+def _tail_series(stats: Mapping[str, Any]) -> pd.Series:
+    tail = stats.get("loss_tail") or []
+    return pd.Series([loss for _step, loss in tail], index=[step for step, _loss in tail],
+                     dtype=float)
 
 
 def ema(series: Iterable[float] | pd.Series, alpha: float) -> pd.Series:
@@ -204,14 +256,14 @@ def summary_table(store: Store, run_ids: Iterable[str],
         raise ValueError(f"baseline_id={baseline_id!r}: not among the selected runs; "
                          f"choose one of {', '.join(run_ids)}")
     names = display_names(runs)
-    frames = metrics_frames(store, run_ids, max_points=None)  # ratios from every row
-    rows = [_run_row(run, names[run.id], frames[run.id]) for run in runs]
+    stats = {run.id: run_stats(store, run) for run in runs}  # ratios from every row
+    rows = [_run_row(run, names[run.id], stats[run.id]) for run in runs]
     index = run_ids.index(baseline_id)
     base, base_run = rows[index], runs[index]
     for row, run in zip(rows, runs):
         row["is_baseline"] = row["run_id"] == baseline_id
         _add_ratios(row, base)
-        row.update(_loss_tolerance(row, base, run, base_run, frames))
+        row.update(_loss_tolerance(row, base, run, base_run, stats, store))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     # Missing numbers are None everywhere (pandas would make NaN of some of them).
     return table.astype(object).where(table.notna(), None)
@@ -228,10 +280,10 @@ TABLE_COLUMNS = [
 ]
 
 
-def _run_row(run: RunRecord, name: str, frame: pd.DataFrame) -> dict[str, Any]:
+def _run_row(run: RunRecord, name: str, run_stats: Mapping[str, Any]) -> dict[str, Any]:
     summary = run.summary
-    stats = steady_stats(frame)
-    losses = loss_stats(frame)
+    stats = run_stats["steady"]
+    losses = run_stats["loss"]
     kernels = summary.get("kernels") or {}
     is_gpt = run.config.model == "gpt"
     throughput = stats["tokens_per_s"] if is_gpt else stats["samples_per_s"]
@@ -246,11 +298,11 @@ def _run_row(run: RunRecord, name: str, frame: pd.DataFrame) -> dict[str, Any]:
         "throughput_unit": "tokens/s" if is_gpt else "samples/s",
         "samples_per_s": stats["samples_per_s"], "tokens_per_s": stats["tokens_per_s"],
         "step_time_ms": stats["step_time_ms"],
-        "peak_mem_bytes": _peak_mem(summary, frame),
+        "peak_mem_bytes": _peak_mem(summary, run_stats),
         "final_loss": final_loss, "loss_noise_pct": losses["loss_noise_pct"],
         "max_batch_fit": _int_or_none(summary.get("max_batch_fit")),
         "oom_batch_size": _int_or_none(summary.get("oom_batch_size")),
-        "skipped_steps": _skipped_steps(run, frame),
+        "skipped_steps": _skipped_steps(run, run_stats),
         "loss_scale_final": (_finite(summary.get("loss_scale_final"))
                              if run.config.uses_grad_scaler else None),
         "tensor_core_share": _finite(kernels.get("tensor_core_share")),
@@ -275,7 +327,8 @@ def _add_ratios(row: dict[str, Any], base: dict[str, Any]) -> None:
 
 
 def _loss_tolerance(row: dict[str, Any], base: dict[str, Any], run: RunRecord,
-                    base_run: RunRecord, frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+                    base_run: RunRecord, stats: Mapping[str, Mapping[str, Any]],
+                    store: Store) -> dict[str, Any]:
     """How large a final-loss difference to the baseline must be to be called real.
 
     Runs that see the same batches pair step by step (`paired_loss_noise_pct`); other
@@ -285,7 +338,7 @@ def _loss_tolerance(row: dict[str, Any], base: dict[str, Any], run: RunRecord,
         return {"loss_tolerance_pct": None, "loss_noise_basis": None}
     noise, basis = None, None
     if all(getattr(run.config, f) == getattr(base_run.config, f) for f in DATA_STREAM_FIELDS):
-        noise = paired_loss_noise_pct(frames[run.id], frames[base_run.id])
+        noise = _paired_noise_of(run, base_run, stats, store)
         basis = "paired" if noise is not None else None
     if noise is None:
         own = [n for n in (row["loss_noise_pct"], base["loss_noise_pct"]) if n is not None]
@@ -296,17 +349,27 @@ def _loss_tolerance(row: dict[str, Any], base: dict[str, Any], run: RunRecord,
     return {"loss_tolerance_pct": tolerance, "loss_noise_basis": basis}
 
 
-def _peak_mem(summary: dict[str, Any], frame: pd.DataFrame) -> int | None:
+def _paired_noise_of(run: RunRecord, base_run: RunRecord,
+                     stats: Mapping[str, Mapping[str, Any]], store: Store) -> float | None:
+    """Paired noise from the stored loss tails when both end on the same steps (then the
+    tails are exactly the last shared steps), else from every row of both runs."""
+    run_tail, base_tail = _tail_series(stats[run.id]), _tail_series(stats[base_run.id])
+    if len(run_tail) == LOSS_TAIL_ROWS and run_tail.index.equals(base_tail.index):
+        return _paired_noise(run_tail, base_tail)
+    return paired_loss_noise_pct(_full_frame(store, run.id), _full_frame(store, base_run.id))
+
+
+def _peak_mem(summary: dict[str, Any], run_stats: Mapping[str, Any]) -> int | None:
     value = _finite(summary.get("peak_mem_bytes"))
-    if value is None and "mem_peak_bytes" in frame and frame["mem_peak_bytes"].notna().any():
-        value = float(frame["mem_peak_bytes"].max())
+    if value is None:
+        value = _finite(run_stats.get("mem_peak_max_bytes"))
     return None if value is None else int(value)
 
 
-def _skipped_steps(run: RunRecord, frame: pd.DataFrame) -> int:
+def _skipped_steps(run: RunRecord, run_stats: Mapping[str, Any]) -> int:
     value = run.summary.get("skipped_steps")
-    if value is None and "skipped_steps" in frame and frame["skipped_steps"].notna().any():
-        value = frame["skipped_steps"].max()
+    if value is None:
+        value = run_stats.get("skipped_steps_max")
     return int(value or 0)
 
 

@@ -21,3 +21,10 @@ def finalize_run_data(store: Store, run_id: str) -> None:
         store.write_overview(run_id)
     except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail a run
         traceback.print_exc()
+    try:
+        from .compare import COMPARE_STATS_KEY, METRICS_FOR_COMPARE, frame_stats
+
+        frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
+        store.merge_summary(run_id, {COMPARE_STATS_KEY: frame_stats(frame)})
+    except Exception:  # noqa: BLE001 - the Compare page recomputes them from the rows
+        traceback.print_exc()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import RunConfig
+from engine.run_stats import finalize_run_data
 from engine.store import FINISHED, RUNNING, Store
 
 
@@ -32,6 +33,7 @@ def record_run(store: Store, cfg: RunConfig, summary_extra: dict[str, Any] | Non
     result = train(cfg, "cpu", emit=rows.extend, run_dir=store.run_dir(run_id))
     store.write_metrics(run_id, rows)
     store.merge_summary(run_id, {**result.to_dict(), **(summary_extra or {})})
+    finalize_run_data(store, run_id)
     store.set_status(run_id, status, reason)
     return run_id
 

@@ -296,3 +296,44 @@ def test_first_request_to_a_page_url_gets_the_app_shell(server, page):
     assert not {"ui", "charts", "app"} & set(nav_paths(page))
     sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
     assert "Devices" in sidebar
+
+
+def _drawn_line_vertices(page, title: str) -> int:
+    """Vertices of the first line plotly actually drew in the chart titled `title`: the
+    SVG path proves the browser decoded the data (numpy arrays travel as typed arrays)."""
+    return page.evaluate("""(title) => {
+      for (const el of document.querySelectorAll('.js-plotly-plot')) {
+        const text = el.querySelector('.gtitle');
+        if (!text || !text.textContent.startsWith(title)) continue;
+        const line = el.querySelector('.scatterlayer .trace path.js-line');
+        const d = line ? line.getAttribute('d') || '' : '';
+        return (d.match(/[ML]/g) || []).length;
+      }
+      return -1;
+    }""", title)
+
+
+@pytest.mark.timeout(120)
+def test_compare_page_draws_every_runs_curve(server, page, store):
+    from engine.config import RunConfig
+    from engine.run_stats import finalize_run_data
+
+    for precision, speed in (("fp32", 1.0), ("bf16-amp", 1.8)):
+        run_id = store.create_run(RunConfig(model="gpt", size="tiny", precision=precision),
+                                  "cpu", "test cpu")
+        store.set_status(run_id, "running")
+        store.write_metrics(run_id, [
+            # zig-zags: plotly merges collinear points of a line, these it cannot
+            {"step": s, "loss": 5.0 * 0.9 ** s + 0.05 * (s % 2),
+             "tokens_per_s": speed * (500.0 + 30.0 * (s % 2)), "step_time_ms": 100.0 / speed, "rss_bytes": 2**28, "mem_peak_bytes": 2**28,
+             "wall_time_s": 0.1 * s / speed, "phase": "steady" if s > 3 else "warmup"}
+            for s in range(1, 21)])
+        finalize_run_data(store, run_id)
+        store.set_status(run_id, "finished")
+
+    goto(page, f"{server.url}/compare", "Compare runs")
+    wait_for(lambda: chart_points(page, "Loss") == 20, 30, message="20 loss points per run")
+    assert _drawn_line_vertices(page, "Loss") == 20
+    assert _drawn_line_vertices(page, "Throughput") == 20
+    assert "1.80x" in main_text(page) or "1.8x" in main_text(page), main_text(page)[:600]
+    assert_page_healthy(page, "/compare")

@@ -209,3 +209,53 @@ def test_summary_of_real_tiny_cpu_runs(store):
     x = table.loc[other, "throughput_x"]
     word = "faster" if x >= 1.05 else "slower" if x <= 0.95 else "about as fast"
     assert word in text[1]
+
+
+def _long_rows(steady_ms: float, loss_scale: float, steps: int = 40) -> list[dict]:
+    """Enough logged steps for a full loss tail (LOSS_TAIL_ROWS) after warm-up."""
+    losses = [2.5 * loss_scale * (0.98 ** i) * (1.003 if i % 3 else 0.997) for i in range(steps)]
+    return _rows([steady_ms + (i % 4) for i in range(steps - 5)], losses)
+
+
+def _drop_metric_rows(store, run_id: str) -> None:
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+        conn.execute("DELETE FROM metrics_overview WHERE run_id = ?", (run_id,))
+
+
+def test_finished_runs_compare_from_stored_stats_without_reading_rows(store):
+    from engine.compare import COMPARE_STATS_KEY
+    from engine.run_stats import finalize_run_data
+
+    base = write_rows(store, tiny_config("fp32"), _long_rows(100.0, 1.0))
+    fast = write_rows(store, tiny_config("bf16-amp"), _long_rows(50.0, 1.01))
+    from_rows = summary_table(store, [base, fast])
+    for run_id in (base, fast):
+        finalize_run_data(store, run_id)
+        assert store.get_run(run_id).summary[COMPARE_STATS_KEY]["steady"]["rows"] == 35
+        _drop_metric_rows(store, run_id)  # from here on only the summary can answer
+    from_stats = summary_table(store, [base, fast])
+    pd.testing.assert_frame_equal(from_rows, from_stats)
+    fast_row = from_stats.set_index("run_id").loc[fast]
+    assert fast_row["throughput_x"] == pytest.approx(101.0 / 51.0)  # medians 101 / 51 ms
+    assert fast_row["loss_noise_basis"] == "paired"
+
+
+def test_active_runs_and_misaligned_tails_are_computed_from_rows(store):
+    from engine.run_stats import finalize_run_data
+    from engine.store import RUNNING
+
+    base = write_rows(store, tiny_config("fp32"), _long_rows(100.0, 1.0))
+    finalize_run_data(store, base)
+    # Stopped early: its tail ends before the baseline's, so the paired noise needs the
+    # shared steps from every row, not the stored tails.
+    short = write_rows(store, tiny_config("bf16-amp"), _long_rows(50.0, 1.01)[:30])
+    finalize_run_data(store, short)
+    table = summary_table(store, [base, short]).set_index("run_id")
+    assert table.loc[short, "loss_noise_basis"] == "paired"
+    # A running run's stored stats (none yet, or stale) are never used.
+    live = write_rows(store, tiny_config("fp16-amp"), _long_rows(80.0, 1.0)[:10],
+                      status=RUNNING)
+    finalize_run_data(store, live)  # stale from the next write on
+    store.write_metrics(live, _long_rows(80.0, 1.0)[10:])
+    assert summary_table(store, [base, live]).set_index("run_id").loc[live, "steady_rows"] == 35

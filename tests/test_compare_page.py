@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -37,6 +39,13 @@ def _compare_page(preset_ids=None) -> AppTest:
     return at
 
 
+def _values(data) -> list:
+    """A trace's values: plotly sends numpy arrays as base64 typed arrays ("bdata")."""
+    if isinstance(data, dict) and "bdata" in data:
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).tolist()
+    return list(data)
+
+
 def _charts(at: AppTest) -> dict[str, dict]:
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     return {spec["layout"]["title"]["text"].split(" (")[0].split(":")[0]: spec for spec in specs}
@@ -54,7 +63,7 @@ def test_compare_page_draws_the_preset_with_the_engines_numbers(lab):
     loss = charts["Loss"]["data"]
     assert [trace["name"] for trace in loss] == ["fp32", "fp16-amp", "bf16-amp"]
     for trace, run_id in zip(loss, ids):
-        assert trace["y"] == pytest.approx(store.read_metrics(run_id)["loss"].tolist())
+        assert _values(trace["y"]) == pytest.approx(store.read_metrics(run_id)["loss"].tolist())
 
     expected = summary_table(store, ids)
     shown = at.dataframe[0].value  # the summary table comes first
