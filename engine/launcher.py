@@ -37,18 +37,24 @@ def launch(config: RunConfig, store: Store | None = None) -> str:
 
 def start_worker(run_id: str, store: Store) -> int:
     log_path = store.run_dir(run_id) / WORKER_LOG
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.worker", run_id],  # an argument list: no shell
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=str(PROJECT_ROOT), env=worker_env(store), start_new_session=True,
+            close_fds=True)
+    store.update_run(run_id, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
+    return proc.pid
+
+
+def worker_env(store: Store) -> dict[str, str]:
+    """The environment of the processes a run uses (worker, standby trainer)."""
     env = dict(os.environ)
     env["PRECISION_LAB_HOME"] = str(store.home)
     # The worker imports `engine` from this checkout whatever the caller's cwd is.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.worker", run_id],  # an argument list: no shell
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=str(PROJECT_ROOT), env=env, start_new_session=True, close_fds=True)
-    store.update_run(run_id, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
-    return proc.pid
+    return env
 
 
 def process_create_time(pid: int) -> float | None:

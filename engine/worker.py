@@ -58,16 +58,45 @@ def supervise(run_id: str, store: Store) -> int:
     run = store.get_run(run_id)
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
-    child = subprocess.Popen([sys.executable, "-m", "engine.worker", "--train", run_id],
-                             preexec_fn=_memory_cap(run.config.memory_cap_mb)
-                             if run.device_key == "cpu" else None)
+    child = _start_trainer(run_id, run, store)
     store.update_run(run_id, train_pid=child.pid)
     return_code = _wait_child(child, stop)
     _record_exit(store, run_id, return_code, stop.requested)
+    _replace_standby(store)
     return 0
 
 
-def _wait_child(child: subprocess.Popen, stop: _StopFlag) -> int:
+def _start_trainer(run_id: str, run, store: Store):
+    """The pre-started standby trainer when one is ready (PyTorch already imported: the
+    first point comes ~3.5 s sooner on a 2-core CPU), else a fresh process.
+
+    Memory-capped runs always start fresh: RLIMIT_AS must be set before PyTorch maps.
+    """
+    from . import standby
+
+    cap_mb = run.config.memory_cap_mb if run.device_key == "cpu" else 0
+    if not cap_mb:
+        trainer = standby.hand_off(run_id, store.home)
+        if trainer is not None:
+            print(f"[supervisor] run {run_id}: trainer pid {trainer.pid} from the standby",
+                  flush=True)
+            return trainer
+    return subprocess.Popen([sys.executable, "-m", "engine.worker", "--train", run_id],
+                            preexec_fn=_memory_cap(cap_mb))
+
+
+def _replace_standby(store: Store) -> None:
+    """Keep one standby ready for the next launch; started after the run, not beside it."""
+    from . import standby
+
+    try:
+        standby.ensure(store)
+    except OSError as exc:  # the run's outcome is recorded; a standby is an optimisation
+        print(f"[supervisor] no standby started: {exc}", flush=True)
+
+
+def _wait_child(child, stop: _StopFlag) -> int:
+    """`child`: a subprocess.Popen or a standby.StandbyTrainer (same wait/signal API)."""
     forwarded_at = None
     while True:
         try:

@@ -43,7 +43,17 @@ def ensure_app_shell() -> None:
 
 @st.cache_resource(show_spinner=False)
 def _cached_store(home: str | None) -> Store:
-    return Store(home)
+    from engine import standby
+
+    store = Store(home)
+    # A trainer with PyTorch already loaded, ready for the first launch from this server
+    # (each run's supervisor leaves a new one when the run ends). Off with
+    # PRECISION_LAB_STANDBY=0.
+    try:
+        standby.ensure(store)
+    except OSError:
+        pass  # launches still work; they start a trainer the slower way
+    return store
 
 
 def get_store() -> Store:

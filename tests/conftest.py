@@ -24,6 +24,9 @@ if str(REPO_ROOT) not in sys.path:  # `pytest` run from elsewhere still imports 
     sys.path.insert(0, str(REPO_ROOT))
 
 HOME_ENV = "PRECISION_LAB_HOME"
+# No pre-started trainers unless a test asks for one (tests/test_standby.py): each
+# holds PyTorch in memory for up to 30 minutes after the test that made it.
+os.environ["PRECISION_LAB_STANDBY"] = "0"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,6 +93,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(HOME_ENV, str(path))
     yield path
     _kill_active_workers(path)
+    _shutdown_standby(path)
+
+
+def _shutdown_standby(path: Path) -> None:
+    from engine import standby
+
+    standby.shutdown(path)
 
 
 @pytest.fixture
