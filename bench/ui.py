@@ -15,7 +15,10 @@ pointed at it). Renders:
   runs                the runs table
   compare, default    the page's default selection (newest runs of one model at
                       different precisions)
-  compare, N runs     every run of the store selected (once: it takes seconds)
+  compare, N runs     every run of the store selected
+The Compare page caches an ended run's chart rows once per server process (they never
+change), so a page's first render after the server started is its slowest: the
+"first" column shows it beside the median of the repeats.
 Target < 300 ms. A page that misses it is rendered once more under a sampling
 profiler (bench/_sampler.py: cProfile cannot see the script thread) and the functions
 where its time goes are printed.
@@ -33,7 +36,7 @@ from typing import Any, Callable
 from bench._common import REPO_ROOT, emit_json, machine_info, print_table, spread
 
 TARGET_MS = 300.0
-BUDGET_S = 30.0  # the all-runs Compare render (~20 s here) starts only before this
+BUDGET_S = 30.0  # the all-runs Compare renders start only before this
 PROFILE_BUDGET_S = 45.0
 APP = str(REPO_ROOT / "app.py")
 
@@ -113,7 +116,8 @@ def render(at) -> tuple[float, float]:
 
 
 def timings(pairs: list[tuple[float, float]]) -> dict[str, Any]:
-    return {"ms": spread(p[0] for p in pairs), "apptest_ms": spread(p[1] for p in pairs)}
+    return {"ms": spread(p[0] for p in pairs), "apptest_ms": spread(p[1] for p in pairs),
+            "first_ms": pairs[0][0] if pairs else None}
 
 
 def attempt(results: dict[str, dict[str, Any]], name: str,
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             all_state = {"compare_runs": list(run_ids), "compare_seen_preset": ()}
             attempt(results, name, lambda: {
-                **timings([render(new_app("pages/compare.py", all_state))]),
+                **timings([render(new_app("pages/compare.py", all_state))
+                           for _ in range(args.repeats)]),
                 "runs_selected": len(run_ids)})
 
     for result in results.values():
@@ -235,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     clock = ("script run on Streamlit's script thread" if script_clock
              else "AppTest.run() (no script clock in this Streamlit)")
     print_table(f"Server-side render (ms: {clock}; target < {TARGET_MS:.0f})",
-                ["render", "median", "min", "max", "AppTest.run() median", "runs selected",
-                 "met"],
-                [[name, r["ms"]["median"], r["ms"]["min"], r["ms"]["max"],
+                ["render", "median", "min", "max", "first", "AppTest.run() median",
+                 "runs selected", "met"],
+                [[name, r["ms"]["median"], r["ms"]["min"], r["ms"]["max"], r.get("first_ms"),
                   r.get("apptest_ms", {}).get("median"), r.get("runs_selected"),
                   None if name.startswith("launch") else r["met"]]
                  for name, r in results.items()])

@@ -188,11 +188,34 @@ def ema(series: Iterable[float] | pd.Series, alpha: float) -> pd.Series:
     return smoothed
 
 
+# Points drawn per chart, split among the runs: 20 overlaid lines of 2000 points each
+# show nothing 20 x 400 do not (a chart is ~1000 px wide), and cost 5x the render.
+CHART_POINTS_BUDGET = 8000
+CHART_POINTS_PER_RUN = (400, 2000)  # (fewest, most)
+
+
+def chart_points_per_run(run_count: int) -> int:
+    fewest, most = CHART_POINTS_PER_RUN
+    return max(fewest, min(most, CHART_POINTS_BUDGET // max(1, run_count)))
+
+
+def steady_medians(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """run id -> the summary table's steady-state samples/s and tokens/s (for charts)."""
+    return {row["run_id"]: {"samples_per_s": row["samples_per_s"],
+                            "tokens_per_s": row["tokens_per_s"]}
+            for row in table.to_dict("records")}
+
+
+# What the overlay charts draw (half of METRICS_FOR_COMPARE: half the read).
+METRICS_FOR_CHARTS = ("step", "wall_time_s", "loss", "samples_per_s", "tokens_per_s",
+                      "mem_peak_bytes", "phase")
+
+
 def metrics_frames(store: Store, run_ids: Iterable[str],
                    max_points: int | None = 2000) -> dict[str, pd.DataFrame]:
     """Per run: the metric columns the comparison charts need (downsampled for plots)."""
     return {run_id: store.read_metrics(run_id, max_points=max_points,
-                                       columns=METRICS_FOR_COMPARE) for run_id in run_ids}
+                                       columns=METRICS_FOR_CHARTS) for run_id in run_ids}
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,12 +20,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .compare import (config_diff, display_names, ema, findings, metrics_frames,
-                      summary_table)
+from .compare import (chart_points_per_run, config_diff, display_names, ema, findings,
+                      metrics_frames, steady_medians, summary_table)
 from .store import RunRecord, Store
 
 X_STEP, X_WALL = "step", "wall_time_s"
@@ -54,53 +55,68 @@ def _figure(title: str, x: str, y_title: str, log_y: bool) -> go.Figure:
     return fig
 
 
-def _add_series(fig: go.Figure, frame: pd.DataFrame, column: str, name: str, color: str,
-                x: str, smoothing: float, scale: float = 1.0) -> None:
+def _series_traces(frame: pd.DataFrame, column: str, name: str, color: str, x: str,
+                   smoothing: float, scale: float = 1.0) -> list[go.Scatter]:
     """Raw values as a line, or faint raw points under an EMA line when smoothing > 0."""
-    if column not in frame or frame[column].notna().sum() == 0:
-        return
-    data = frame[[x, column]].dropna(subset=[x])
-    # numpy arrays, not lists: plotly validates a list element by element (most of a
-    # Compare render at 4 runs x 2000 points), an array in one step.
-    xs = data[x].to_numpy(dtype=float)
-    ys = (data[column].astype(float) / scale).to_numpy(dtype=float)
+    if column not in frame or x not in frame:
+        return []
+    # numpy arrays, not lists or pandas selections: plotly validates a list element by
+    # element, and pandas indexing costs more than the drawing at 20 runs.
+    xs = frame[x].to_numpy(dtype=float, na_value=np.nan)
+    ys = frame[column].to_numpy(dtype=float, na_value=np.nan) / scale
+    keep = ~np.isnan(xs)
+    xs, ys = xs[keep], ys[keep]
+    if not len(ys) or np.isnan(ys).all():
+        return []
     label = html.escape(name)  # plotly renders trace names as (limited) HTML
     if smoothing <= 0:
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label, legendgroup=label,
-                                 line=dict(color=color)))
-        return
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{label} (raw)",
-                             legendgroup=label, showlegend=False, opacity=RAW_OPACITY,
-                             marker=dict(color=color, size=4)))
-    fig.add_trace(go.Scatter(x=xs, y=ema(ys, smoothing).to_numpy(dtype=float), mode="lines",
-                             name=f"{label} (EMA {smoothing:g})", legendgroup=label,
-                             line=dict(color=color, width=2)))
+        return [go.Scatter(x=xs, y=ys, mode="lines", name=label, legendgroup=label,
+                           line=dict(color=color))]
+    return [go.Scatter(x=xs, y=ys, mode="markers", name=f"{label} (raw)",
+                       legendgroup=label, showlegend=False, opacity=RAW_OPACITY,
+                       marker=dict(color=color, size=4)),
+            go.Scatter(x=xs, y=ema(ys, smoothing).to_numpy(dtype=float), mode="lines",
+                       name=f"{label} (EMA {smoothing:g})", legendgroup=label,
+                       line=dict(color=color, width=2))]
 
 
 def loss_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
                         x: str = X_STEP, smoothing: float = 0.0, log_y: bool = False) -> go.Figure:
     fig = _figure("Loss", x, "loss", log_y)
+    traces = []
     for index, (run_id, frame) in enumerate(frames.items()):
-        _add_series(fig, frame, "loss", names[run_id], _color(index), x, smoothing)
-    return fig
+        traces += _series_traces(frame, "loss", names[run_id], _color(index), x, smoothing)
+    return fig.add_traces(traces)  # once: add_trace per run re-checks every trace so far
 
 
 def throughput_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
                               units: Mapping[str, str], x: str = X_STEP,
-                              smoothing: float = 0.0, log_y: bool = False) -> go.Figure:
+                              smoothing: float = 0.0, log_y: bool = False,
+                              steady_medians: Mapping[str, Mapping[str, Any]] | None = None
+                              ) -> go.Figure:
     """tokens/s when every run has them (gpt), else samples/s; a dotted line per run
-    at its steady-state median (the number the summary table uses)."""
+    at its steady-state median: the summary table's number when `steady_medians` (run id
+    -> {"samples_per_s", "tokens_per_s"}) gives it, else the median of the plotted rows."""
     column = ("tokens_per_s" if all(u == "tokens/s" for u in units.values())
               else "samples_per_s")
     unit = column.replace("_per_s", "/s")
     fig = _figure(f"Throughput ({unit}; dotted: steady-state median)", x, unit, log_y)
+    traces = []
     for index, (run_id, frame) in enumerate(frames.items()):
-        _add_series(fig, frame, column, names[run_id], _color(index), x, smoothing)
-        steady = frame.loc[frame["phase"] == "steady", column].dropna() if len(frame) else []
-        if len(steady):
-            fig.add_hline(y=float(steady.median()), line_dash="dot", line_width=1,
-                          line_color=_color(index))
-    return fig
+        series = _series_traces(frame, column, names[run_id], _color(index), x, smoothing)
+        traces += series
+        median = (steady_medians or {}).get(run_id, {}).get(column)
+        if median is None and len(frame):
+            steady = frame.loc[frame["phase"] == "steady", column].dropna()
+            median = float(steady.median()) if len(steady) else None
+        if median is not None and series:
+            # A two-point line over the run's own x range: a layout shape per run
+            # (add_hline) costs ~5 ms each in plotly, a trace almost nothing.
+            xs = series[0].x
+            traces.append(go.Scatter(x=[float(xs.min()), float(xs.max())], y=[median, median],
+                                     mode="lines", showlegend=False, hoverinfo="skip",
+                                     line=dict(color=_color(index), dash="dot", width=1)))
+    return fig.add_traces(traces)
 
 
 def memory_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
@@ -108,18 +124,22 @@ def memory_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str
                           log_y: bool = False) -> go.Figure:
     """Peak memory so far: CUDA peak allocated, or the process's peak RSS on a CPU."""
     fig = _figure("Peak memory (GiB; CPU runs: process peak RSS)", x, "GiB", log_y)
+    traces = []
     for index, (run_id, frame) in enumerate(frames.items()):
-        _add_series(fig, frame, "mem_peak_bytes", names[run_id], _color(index), x,
-                    smoothing, scale=2**30)
-    return fig
+        traces += _series_traces(frame, "mem_peak_bytes", names[run_id], _color(index), x,
+                                 smoothing, scale=2**30)
+    return fig.add_traces(traces)
 
 
 def comparison_figures(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
                        units: Mapping[str, str], x: str = X_STEP, smoothing: float = 0.0,
-                       log_y: bool = False) -> dict[str, go.Figure]:
+                       log_y: bool = False,
+                       steady_medians: Mapping[str, Mapping[str, Any]] | None = None
+                       ) -> dict[str, go.Figure]:
     return {
         "loss": loss_overlay_figure(frames, names, x, smoothing, log_y),
-        "throughput": throughput_overlay_figure(frames, names, units, x, smoothing, log_y),
+        "throughput": throughput_overlay_figure(frames, names, units, x, smoothing, log_y,
+                                                steady_medians),
         "memory": memory_overlay_figure(frames, names, x, smoothing, log_y),
     }
 
@@ -147,9 +167,9 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
     runs = {run_id: store.get_run(run_id) for run_id in run_ids}
     table = summary_table(store, run_ids, baseline_id)
     names = display_names(runs.values())
-    frames = metrics_frames(store, run_ids)
+    frames = metrics_frames(store, run_ids, max_points=chart_points_per_run(len(run_ids)))
     units = dict(zip(table["run_id"], table["throughput_unit"]))
-    figures = comparison_figures(frames, names, units)
+    figures = comparison_figures(frames, names, units, steady_medians=steady_medians(table))
     body = "\n".join([
         f"<h1>Precision Lab report</h1>",
         f"<p class=meta>{_e(_generated_line())}</p>",

@@ -13,8 +13,9 @@ import re
 import pandas as pd
 import streamlit as st
 
-from engine.compare import (config_diff, default_baseline, default_selection, display_names,
-                            findings, metrics_frames, summary_table)
+from engine.compare import (chart_points_per_run, config_diff, default_baseline,
+                            default_selection, display_names, findings, metrics_frames,
+                            steady_medians, summary_table)
 from engine.config import ConfigError, RunConfig
 from engine.launcher import launch, reconcile
 from engine.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
@@ -105,6 +106,20 @@ if not selected:
     st.info("Pick one or more runs to compare.")
     st.stop()
 
+@st.cache_data(max_entries=400, show_spinner=False)
+def _ended_run_frame(home: str, run_id: str, ended_at: float, max_points: int) -> pd.DataFrame:
+    """An ended run's chart rows never change: read once per server, not per render.
+    (`home` and `ended_at` are part of the cache key.)"""
+    return metrics_frames(get_store(), [run_id], max_points)[run_id]
+
+
+def chart_frames(store, runs, max_points: int) -> dict[str, pd.DataFrame]:
+    return {run.id: (metrics_frames(store, [run.id], max_points)[run.id]
+                     if run.is_active or run.ended_at is None
+                     else _ended_run_frame(str(store.home), run.id, run.ended_at, max_points))
+            for run in runs}
+
+
 runs = [by_id[i] for i in selected]
 names = display_names(runs)
 if st.session_state.get(BASELINE_KEY) not in selected:
@@ -127,9 +142,10 @@ if active:
     st.button("Refresh", key="compare_refresh")
 
 table = summary_table(store, selected, baseline)
-frames = metrics_frames(store, selected)
+frames = chart_frames(store, runs, chart_points_per_run(len(selected)))
 units = dict(zip(table["run_id"], table["throughput_unit"]))
-figures = comparison_figures(frames, names, units, x_choice, smoothing, log_y)
+figures = comparison_figures(frames, names, units, x_choice, smoothing, log_y,
+                             steady_medians=steady_medians(table))
 col_a, col_b = st.columns(2)
 col_a.plotly_chart(figures["loss"], key="compare_chart_loss")
 col_b.plotly_chart(figures["throughput"], key="compare_chart_throughput")
