@@ -22,8 +22,9 @@ once and cached (see bench/_dataset.py), median of `--repeats`:
            the same with columns=["loss"], the incremental read after the last step,
            read_telemetry(run).
   Compare  read_metrics(run, max_points=2000, columns=["loss", "samples_per_s"]) for
-           every run; engine.compare.metrics_frames for all runs (the page's charts);
-           engine.compare.summary_table for all runs (the page's table: every row).
+           every run; engine.compare.metrics_frames for all runs at the page's points
+           per run (the page's charts); engine.compare.summary_table for all runs (the
+           page's table: finished runs' stored comparison stats, no metric rows).
   what-if  reading 2000 stored rows: what a precomputed per-run overview would cost.
 The Live read is split into SQL fetch, DataFrame build and downsampling. The first
 run on a machine also builds the 20 x 100k store (~30 s here) before the reads; later
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=None,
                         help="where the built store is cached (default: <tmp>/precision_lab_bench)")
     parser.add_argument("--skip-summary-table", action="store_true",
-                        help="leave out engine.compare.summary_table (reads every row)")
+                        help="leave out engine.compare.summary_table")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 3 runs x 5k steps, 0.5 s write phases, 2 repeats")
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
@@ -282,7 +283,8 @@ def read_phase(home: Path, run_ids: list[str], repeats: int,
                with_summary_table: bool) -> dict[str, Any]:
     import pandas as pd
 
-    from engine.compare import metrics_frames, summary_table
+    from engine.compare import (METRICS_FOR_CHARTS, chart_points_per_run, metrics_frames,
+                                summary_table)
     from engine.store import METRIC_COLUMNS, Store
 
     store = Store(home)
@@ -305,14 +307,17 @@ def read_phase(home: Path, run_ids: list[str], repeats: int,
     reads["compare: read_metrics(max_points=2000, columns=[loss, samples_per_s]) per run"] = \
         spread(per_series)
     # The page's own calls, once each (seconds at this size).
-    all_frames, _ = timed(lambda: metrics_frames(store, run_ids), 1, warm=False)
+    points = chart_points_per_run(len(run_ids))
+    all_frames, _ = timed(lambda: metrics_frames(store, run_ids, max_points=points), 1,
+                          warm=False)
     reads[f"compare: metrics_frames({len(run_ids)} runs), the page's charts"] = all_frames
-    reads["compare: metrics_frames, per run (max_points=2000, 14 columns)"] = {
+    reads[f"compare: metrics_frames, per run (max_points={points}, "
+          f"{len(METRICS_FOR_CHARTS)} columns)"] = {
         k: (v / len(run_ids) if isinstance(v, float) else v) for k, v in all_frames.items()}
     if with_summary_table:
         table, _ = timed(lambda: summary_table(store, run_ids), 1, warm=False)
-        reads[f"compare: summary_table({len(run_ids)} runs), the page's table (every row)"] = \
-            table
+        reads[f"compare: summary_table({len(run_ids)} runs), the page's table "
+              "(stored stats)"] = table
     # What a precomputed <= 2000-row overview per finished run would cost to read.
     overview_sql = (f"SELECT {','.join(METRIC_COLUMNS)} FROM metrics WHERE run_id = ? "
                     "ORDER BY step LIMIT 2000")
