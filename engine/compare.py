@@ -596,7 +596,9 @@ def _why_slower(row: dict[str, Any], run: RunRecord | None) -> str:
     evidence = run.summary.get("cpu_evidence") or {}
     verdict, headline = evidence.get("verdict"), evidence.get("headline")
     if not headline:
-        if run.device_key == "cpu" and run.config.precision != Precision.FP32.value:
+        # "cpu@10.0.0.5": a sweep run a Ray cluster placed on that node's CPU
+        on_cpu = run.device_key.split("@")[0] == "cpu"
+        if on_cpu and run.config.precision != Precision.FP32.value:
             return (" No CPU evidence was recorded for this run (it was not profiled), so the "
                     "cause is not shown here.")
         return ""
