@@ -334,7 +334,7 @@ def run_trainer_phases(home: str, run_id: str) -> None:
     store = Store(home)
     run = store.get_run(run_id)
     mark("Store() + get_run")
-    worker._device_peak(store, run_id, "cpu", run.config)
+    worker.device_peak(store, run_id, "cpu", run.config)
     mark("device peak (cached)")
     sampler = TelemetrySampler("cpu", lambda rows: None).start()
     mark("telemetry sampler start")

@@ -14,13 +14,14 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .config import ConfigError, ModelName, ModelSize, OptimizerName, Precision, RunConfig, choices
+from .config import (CommHook, ConfigError, ModelName, ModelSize, OptimizerName, Precision,
+                     RunConfig, Sharding, choices)
 from .store import FINAL_STATUSES, FINISHED, RunNotFound, Store, StoreError, validate_run_id
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 
 _ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
-                 "optimizer": OptimizerName}
+                 "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook}
 _FLAG_ALIASES = {"grad_scaler_init_scale": "--init-scale",
                  "grad_scaler_growth_interval": "--growth-interval"}
 
@@ -125,7 +126,8 @@ def _add_optional_commands(sub) -> None:
     """Commands owned by other engine modules register themselves here."""
     import importlib
 
-    for module_name in ("engine.cli_kernels", "engine.cli_hardware", "engine.cli_report"):
+    for module_name in ("engine.cli_kernels", "engine.cli_hardware", "engine.cli_report",
+                        "engine.cli_sweep"):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

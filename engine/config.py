@@ -64,6 +64,19 @@ class OptimizerName(str, Enum):
     SGD = "sgd"
 
 
+class Sharding(str, Enum):
+    """How a multi-process run spreads the model (RunConfig.nprocs > 1)."""
+    DDP = "ddp"
+    FSDP2 = "fsdp2"
+
+
+class CommHook(str, Enum):
+    """The dtype gradients travel in between processes (RunConfig.nprocs > 1)."""
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
 def choices(enum_type: type[Enum]) -> list[str]:
     return [member.value for member in enum_type]
 
@@ -73,6 +86,8 @@ MAX_BATCH_SIZE = 65_536
 MAX_STEPS = 1_000_000
 MAX_SEQ_LEN = 8_192
 MAX_IMAGE_SIZE = 512
+# The machine's own limit (GPUs, CPU cores) is checked by devices.check_runnable.
+MAX_NPROCS = 64
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d{1,2})?)$")
 _NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
 
@@ -106,6 +121,19 @@ class RunConfig:
     """Use channels_last memory format (resnet only; helps Tensor-Core convs)."""
     compile: bool = False
     """Wrap the model in torch.compile (first steps then include compile time)."""
+    nprocs: int = 1
+    """Training processes, started by torchrun: one per GPU on CUDA (cuda:0..N-1 from the
+    run's device), gloo processes on a CPU. batch_size is per process: the global batch is
+    batch_size x nprocs. Rank 0 records the metrics (loss averaged over the ranks,
+    throughput summed)."""
+    sharding: str = Sharding.DDP.value
+    """nprocs > 1: ddp (each process holds the whole model, gradients are all-reduced) |
+    fsdp2 (parameters, gradients and optimizer state sharded with torch's fully_shard; its
+    MixedPrecisionPolicy follows the precision mode)."""
+    comm_hook: str = CommHook.NONE.value
+    """nprocs > 1: the dtype gradients are communicated in. none (fp32; bf16-pure: bf16) |
+    fp16 | bf16. ddp: DDP's fp16_compress_hook / bf16_compress_hook; fsdp2: the policy's
+    reduce_dtype."""
     grad_scaler_init_scale: float = 65536.0
     """fp16-amp only: GradScaler's initial loss scale (2**16 by default)."""
     grad_scaler_growth_interval: int = 2000
@@ -140,6 +168,8 @@ class RunConfig:
         _check_int(self, "profile_steps", 1, 50, "a profiler window of 1..50 steps")
         _check_int(self, "memory_cap_mb", 0, 10**8, "0 (no cap) or a cap in MiB, e.g. 4096")
         _check_int(self, "seed", 0, 2**31 - 1, "a seed between 0 and 2**31-1")
+        _check_int(self, "nprocs", 1, MAX_NPROCS,
+                   f"1 process, or 2..{MAX_NPROCS} for a multi-process run")
         _check_float(self, "lr", 0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3", open_low=True)
         _check_float(self, "weight_decay", 0.0, 1.0, "a weight decay in [0, 1]")
         _check_float(self, "grad_scaler_init_scale", 0.0, 2.0**32,
@@ -152,6 +182,28 @@ class RunConfig:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ConfigError("name", self.name,
                               "up to 80 letters, digits, spaces and . , : + ( ) - _")
+        self._check_multi_process()
+
+    def _check_multi_process(self) -> None:
+        """Combinations that cannot mean anything, whatever the machine (its limits are
+        checked by devices.check_runnable)."""
+        if self.nprocs == 1 and self.comm_hook != CommHook.NONE.value:
+            raise ConfigError("comm_hook", self.comm_hook,
+                              "gradient communication needs several processes; set nprocs "
+                              "to 2 or more, or comm_hook to none")
+        if self.nprocs == 1 and self.sharding != Sharding.DDP.value:
+            raise ConfigError("sharding", self.sharding,
+                              "fsdp2 shards the model across processes; set nprocs to 2 or "
+                              "more, or sharding to ddp")
+        if self.sharding == Sharding.FSDP2.value and self.precision == Precision.FP8.value:
+            raise ConfigError("sharding", self.sharding,
+                              "fp8 runs with ddp only here (torchao's float8 layers need their "
+                              "own FSDP2 all-gather setup); use sharding ddp")
+        if self.sharding == Sharding.FSDP2.value and self.numerics:
+            raise ConfigError("numerics", self.numerics,
+                              "the numerics probe reads each layer's whole gradient, which "
+                              "fsdp2 shards across processes; use sharding ddp or turn "
+                              "numerics off")
 
     def _coerce_enums(self) -> None:
         for field_name, enum_type, noun in (
@@ -159,6 +211,8 @@ class RunConfig:
             ("size", ModelSize, "size"),
             ("precision", Precision, "precision"),
             ("optimizer", OptimizerName, "optimizer"),
+            ("sharding", Sharding, "sharding"),
+            ("comm_hook", CommHook, "communication hook"),
         ):
             value = getattr(self, field_name)
             if isinstance(value, Enum):
@@ -180,7 +234,8 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.model}-{self.size} {self.precision} bs{self.batch_size}"
+        procs = f" x{self.nprocs} procs" if self.nprocs > 1 else ""
+        return self.name or f"{self.model}-{self.size} {self.precision} bs{self.batch_size}{procs}"
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -271,5 +326,6 @@ _FIELD_DOCS = _parse_field_docs()
 
 __all__ = [
     "ConfigError", "Precision", "ModelName", "ModelSize", "OptimizerName", "RunConfig",
+    "Sharding", "CommHook", "MAX_NPROCS",
     "PRECISION_LABELS", "choices", "config_fields", "field_doc",
 ]

@@ -18,19 +18,24 @@ from .config import ModelName, RunConfig
 from .models import model_spec
 
 RESTART_PROB = 0.1  # gpt: fraction of positions that start a new random chain
+_STREAM_SEED_STRIDE = 1_000_003  # rank r's batches: seed + 1 + r * stride (no overlap)
 
 
 class SyntheticTask:
-    """`batch(step)` returns (inputs, targets) on `device`; deterministic in (seed, step)."""
+    """`batch(step)` returns (inputs, targets) on `device`; deterministic in (seed, step).
 
-    def __init__(self, cfg: RunConfig, device: torch.device):
+    `stream`: the rank of a multi-process run. Every rank learns the same hidden rule from
+    its own batches (stream 0 is what a single-process run sees).
+    """
+
+    def __init__(self, cfg: RunConfig, device: torch.device, stream: int = 0):
         self.cfg = cfg
         self.device = device
         self.spec = model_spec(cfg)
         # The hidden rule is drawn on the CPU so it is identical on every device.
         self.rule_gen = torch.Generator().manual_seed(cfg.seed)
         self.gen = torch.Generator(device=device)
-        self.gen.manual_seed(cfg.seed + 1)
+        self.gen.manual_seed(cfg.seed + 1 + _STREAM_SEED_STRIDE * stream)
         self.model_name = ModelName(cfg.model)
         {ModelName.MLP: self._init_mlp, ModelName.RESNET: self._init_resnet,
          ModelName.GPT: self._init_gpt}[self.model_name]()

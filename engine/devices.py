@@ -357,4 +357,19 @@ def check_runnable(cfg: RunConfig) -> tuple[DeviceInfo, list[str]]:
         warnings.append(f"{cfg.precision} on {dev.name} is emulated: {support.reason}")
     if cfg.memory_cap_mb and dev.kind != "cpu":
         warnings.append("memory_cap_mb applies to CPU runs only; ignored on CUDA")
+    if cfg.memory_cap_mb and cfg.nprocs > 1:
+        warnings.append(f"memory_cap_mb={cfg.memory_cap_mb} applies to each of the "
+                        f"{cfg.nprocs} processes")
+    warnings += _check_parallel(cfg, dev)
     return dev, warnings
+
+
+def _check_parallel(cfg: RunConfig, dev: DeviceInfo) -> list[str]:
+    """nprocs, sharding and comm_hook against this machine (engine/distributed.py)."""
+    from .distributed import check_parallel
+
+    if cfg.nprocs == 1:
+        return []
+    usable_gpus = ([d.key for d in list_devices() if d.kind == "cuda" and d.torch_usable]
+                   if dev.kind == "cuda" else [])  # a CPU run needs no GPU discovery
+    return check_parallel(cfg, dev, usable_gpus, os.cpu_count())

@@ -95,11 +95,21 @@ def reconcile(store: Store) -> list[str]:
                     failed.append(run.id)
             continue
         if not is_alive(run.pid, run.pid_create_time):
-            reason = (f"worker process {run.pid} is gone without a final status "
-                      f"(at step {run.steps_completed}); see worker.log")
+            reason = (_ray_driver_gone_reason(store, run)
+                      or f"worker process {run.pid} is gone without a final status "
+                         f"(at step {run.steps_completed}); see worker.log")
             if store.set_status(run.id, FAILED, reason):
                 failed.append(run.id)
+            if run.config.nprocs > 1:  # ranks live in their own sessions: end them too
+                _signal_run(store, run, signal.SIGKILL)
     return failed
+
+
+def _ray_driver_gone_reason(store: Store, run: RunRecord) -> str | None:
+    """A Ray sweep run's pid is its driver's (engine/ray_driver.py): say so when it died."""
+    from .ray_driver import driver_gone_reason
+
+    return driver_gone_reason(store, run)
 
 
 def stop(run_id: str, store: Store | None = None, grace_s: float = STOP_GRACE_S) -> RunRecord:
@@ -108,18 +118,51 @@ def stop(run_id: str, store: Store | None = None, grace_s: float = STOP_GRACE_S)
     run = store.get_run(run_id)
     if not run.is_active:
         return run
-    if is_alive(run.pid, run.pid_create_time):
-        _signal_group(run.pid, signal.SIGTERM)
+    # -- Ray sweep runs (engine/ray_driver.py) ----------------------------------------------
+    # Their pid is the sweep's driver, which must not be signalled: the stop is requested
+    # through the store; the driver stops the Ray task, then force-cancels it after a grace.
+    from .ray_driver import is_ray_run, stop_ray_run
+
+    if is_ray_run(store, run_id):
+        return stop_ray_run(run_id, store)
+    # -- end of Ray sweep runs ---------------------------------------------------------------
+    if is_alive(run.pid, run.pid_create_time) or _ranks_alive(store, run):
+        _signal_run(store, run, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _group_alive(run.pid):
+        while time.monotonic() < deadline and _run_alive(store, run):
             time.sleep(0.05)
-        if _group_alive(run.pid):
-            _signal_group(run.pid, signal.SIGKILL)
-            _wait_group_gone(run.pid, timeout_s=2.0)
+        if _run_alive(store, run):
+            _signal_run(store, run, signal.SIGKILL)
+            _wait_run_gone(store, run, timeout_s=2.0)
     store.set_status(run_id, STOPPED, f"stopped by request at step "
                                       f"{store.get_run(run_id).steps_completed}",
                      only_from=(QUEUED, RUNNING))
     return store.get_run(run_id)
+
+
+# -- multi-process runs: torchrun starts each rank in its own session, outside the run's
+# process group; engine/distributed.py records them (pid + create time) for this.
+
+
+def _ranks_alive(store: Store, run: RunRecord) -> bool:
+    from .distributed import live_rank_pids
+
+    return run.config.nprocs > 1 and bool(live_rank_pids(store.run_dir(run.id)))
+
+
+def _signal_run(store: Store, run: RunRecord, sig: int) -> None:
+    """`sig` to the run's process group (supervisor, trainer or torchrun agent) and to
+    every recorded rank of a multi-process run."""
+    if is_alive(run.pid, run.pid_create_time):
+        _signal_group(run.pid, sig)
+    if run.config.nprocs > 1:
+        from .distributed import signal_rank_processes
+
+        signal_rank_processes(store.run_dir(run.id), sig)
+
+
+def _run_alive(store: Store, run: RunRecord) -> bool:
+    return _group_alive(run.pid) or _ranks_alive(store, run)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -148,9 +191,9 @@ def _group_alive(pgid: int) -> bool:
             return False
 
 
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+def _wait_run_gone(store: Store, run: RunRecord, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _group_alive(pgid):
+    while time.monotonic() < deadline and _run_alive(store, run):
         time.sleep(0.05)
 
 

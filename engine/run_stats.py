@@ -10,8 +10,26 @@ of its metric table again.
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 from .store import Store
+
+
+def result_summary(result, peak_flops: float | None) -> dict[str, Any]:
+    """A TrainResult as every executor stores it in the run summary, with MFU against
+    `peak_flops` (FLOP/s of the run's devices), or the reason MFU is left out."""
+    from .train import plausible_mfu
+
+    summary = result.to_dict()
+    if peak_flops and result.achieved_tflops:
+        summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak_flops)
+        if summary["mfu"] is None:
+            summary["mfu_note"] = (
+                f"MFU omitted: the run achieved {result.achieved_tflops * 1e3:.3g} GFLOP/s, "
+                f"more than the {peak_flops / 1e9:.3g} GFLOP/s peak measured by the matmul "
+                "microbenchmark, so that peak does not represent this model's matmuls "
+                "(typical of emulated dtypes)")
+    return summary
 
 
 def finalize_run_data(store: Store, run_id: str) -> None:

@@ -108,7 +108,8 @@ CREATE TABLE IF NOT EXISTS telemetry (
     t_s REAL NOT NULL,                 -- unix seconds
     gpu_util_pct REAL, mem_util_pct REAL, gpu_mem_used_bytes INTEGER, power_w REAL,
     power_limit_w REAL, temp_c REAL, sm_clock_mhz REAL, throttle_reasons TEXT,
-    cpu_pct REAL, rss_bytes INTEGER
+    cpu_pct REAL, rss_bytes INTEGER,
+    rank INTEGER NOT NULL DEFAULT 0    -- process of a multi-process run (0: the only one)
 );
 CREATE INDEX IF NOT EXISTS telemetry_run ON telemetry(run_id, t_s);
 CREATE TABLE IF NOT EXISTS kernels (
@@ -118,6 +119,36 @@ CREATE TABLE IF NOT EXISTS kernels (
 );
 CREATE INDEX IF NOT EXISTS kernels_run ON kernels(run_id);
 """
+
+# == sweeps (engine/sweep.py, engine/ray_driver.py) =====================================
+# Separate tables, created with IF NOT EXISTS by every Store(): a database written before
+# sweeps existed gains them on its next open, and the runs table is untouched (a run
+# belongs to at most one sweep through sweep_runs).
+SWEEP_LOCAL, SWEEP_RAY = "local", "ray"
+SWEEP_RUNNING, SWEEP_DONE, SWEEP_FAILED = "running", "done", "failed"
+_SWEEP_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,          -- unix seconds
+    ended_at REAL,
+    grid_json TEXT NOT NULL,           -- engine.sweep.SweepGrid as JSON
+    backend TEXT NOT NULL,             -- local | ray
+    ray_address TEXT,                  -- host:port of the Ray cluster (ray backend)
+    options_json TEXT NOT NULL DEFAULT '{}',  -- Ray resources per run, stop grace
+    status TEXT NOT NULL,              -- running | done | failed
+    reason TEXT,
+    driver_pid INTEGER,                -- ray backend: the driver process (session leader)
+    driver_pid_create_time REAL
+);
+CREATE TABLE IF NOT EXISTS sweep_runs (
+    run_id TEXT PRIMARY KEY,
+    sweep_id TEXT NOT NULL,
+    position INTEGER NOT NULL,         -- order of the run in the grid
+    stop_requested_at REAL             -- ray backend: the driver stops/cancels the task
+);
+CREATE INDEX IF NOT EXISTS sweep_runs_sweep ON sweep_runs(sweep_id, position);
+"""
+# == end of sweeps ======================================================================
 
 
 class StoreError(RuntimeError):
@@ -206,6 +237,8 @@ class Store:
                     raise StoreError(f"{self.db_path}: written by a newer Precision Lab "
                                      f"(schema {version} > {SCHEMA_VERSION}); upgrade this copy")
                 conn.executescript(_SCHEMA)
+                _add_telemetry_rank(conn)  # telemetry ranks section
+                conn.executescript(_SWEEP_SCHEMA)  # sweeps section
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             problem = _storage_problem(exc) or ("cannot open the database; if the file is "
@@ -346,12 +379,16 @@ class Store:
             if row is None or row[1] != QUEUED:
                 return False
             device_key = row[0]
-            busy = conn.execute("SELECT 1 FROM runs WHERE device_key = ? AND status = ?",
-                                (device_key, RUNNING)).fetchone()
-            first = conn.execute("SELECT id FROM runs WHERE device_key = ? AND status = ?"
-                                 " ORDER BY seq LIMIT 1", (device_key, QUEUED)).fetchone()
-            if busy or first is None or first[0] != run_id:
-                return False
+            if _GPU_KEY_RE.fullmatch(device_key):
+                if not _gpus_free_and_first(conn, run_id):
+                    return False
+            else:
+                busy = conn.execute("SELECT 1 FROM runs WHERE device_key = ? AND status = ?",
+                                    (device_key, RUNNING)).fetchone()
+                first = conn.execute("SELECT id FROM runs WHERE device_key = ? AND status = ?"
+                                     " ORDER BY seq LIMIT 1", (device_key, QUEUED)).fetchone()
+                if busy or first is None or first[0] != run_id:
+                    return False
             conn.execute("UPDATE runs SET status = ?, started_at = ? WHERE id = ?",
                          (RUNNING, time.time(), run_id))
             return True
@@ -455,28 +492,38 @@ class Store:
         return dict(row) if row else None
 
     # -- telemetry and kernels ------------------------------------------------------------
-    def write_telemetry(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+    def write_telemetry(self, run_id: str, rows: list[dict[str, Any]], rank: int = 0) -> None:
+        """Telemetry rows of one process; `rank`: which one in a multi-process run."""
         if not rows:
             return
-        placeholders = ",".join("?" * (len(TELEMETRY_COLUMNS) + 1))
+        placeholders = ",".join("?" * (len(TELEMETRY_COLUMNS) + 2))
         with self.transaction(immediate=True) as conn:
             conn.executemany(
-                f"INSERT INTO telemetry (run_id, {','.join(TELEMETRY_COLUMNS)}) VALUES ({placeholders})",
-                [(run_id, *(_sql_value(row.get(c)) for c in TELEMETRY_COLUMNS)) for row in rows])
+                f"INSERT INTO telemetry (run_id, rank, {','.join(TELEMETRY_COLUMNS)})"
+                f" VALUES ({placeholders})",
+                [(run_id, int(rank), *(_sql_value(row.get(c)) for c in TELEMETRY_COLUMNS))
+                 for row in rows])
 
     def read_telemetry(self, run_id: str, after_t_s: float = 0.0,
                        max_points: int | None = 2000) -> pd.DataFrame:
+        """TELEMETRY_COLUMNS plus `rank`, by time; downsampled per rank (each rank's
+        spikes kept, about max_points rows in all)."""
         import pandas as pd
 
         from .downsample import downsample_minmax
 
         with self.connect() as conn:
             frame = pd.read_sql_query(
-                f"SELECT {','.join(TELEMETRY_COLUMNS)} FROM telemetry WHERE run_id = ? AND t_s > ?"
-                " ORDER BY t_s", conn, params=(run_id, after_t_s))
-        if max_points:
+                f"SELECT {','.join(TELEMETRY_COLUMNS)}, rank FROM telemetry"
+                " WHERE run_id = ? AND t_s > ? ORDER BY t_s", conn, params=(run_id, after_t_s))
+        if max_points and len(frame) > max_points:
             numeric = [c for c in TELEMETRY_COLUMNS if c not in ("t_s", "throttle_reasons")]
-            frame = downsample_minmax(frame, numeric, max_points).reset_index(drop=True)
+            if frame["rank"].nunique() == 1:
+                return downsample_minmax(frame, numeric, max_points).reset_index(drop=True)
+            ranks = frame.groupby("rank", sort=True)
+            share = max(4, max_points // ranks.ngroups)
+            frame = pd.concat([downsample_minmax(part, numeric, share) for _, part in ranks])
+            frame = frame.sort_values("t_s", kind="stable").reset_index(drop=True)
         return frame
 
     def write_kernels(self, run_id: str, rows: list[dict[str, Any]]) -> None:
@@ -495,6 +542,124 @@ class Store:
                 f"SELECT {','.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ?"
                 " ORDER BY total_us DESC", conn, params=(run_id,))
 
+    # == sweeps (engine/sweep.py, engine/ray_driver.py) =================================
+    def create_sweep(self, grid: dict[str, Any], backend: str, ray_address: str | None = None,
+                     options: dict[str, Any] | None = None) -> str:
+        if backend not in (SWEEP_LOCAL, SWEEP_RAY):
+            raise ValueError(f"backend={backend!r}: choose {SWEEP_LOCAL} or {SWEEP_RAY}")
+        sweep_id = "sweep-" + new_run_id()
+        with self.connect() as conn:
+            conn.execute("INSERT INTO sweeps (id, created_at, grid_json, backend, ray_address,"
+                         " options_json, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (sweep_id, time.time(), json.dumps(grid), backend, ray_address,
+                          json.dumps(options or {}), SWEEP_RUNNING))
+        return sweep_id
+
+    def link_sweep_run(self, sweep_id: str, run_id: str, position: int) -> None:
+        with self.connect() as conn:
+            conn.execute("INSERT INTO sweep_runs (run_id, sweep_id, position) VALUES (?, ?, ?)",
+                         (run_id, sweep_id, position))
+
+    def get_sweep(self, sweep_id: str) -> SweepRecord:
+        validate_run_id(sweep_id)
+        with self.connect() as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+            if row is None:
+                raise SweepNotFound(sweep_id)
+            run_ids = [r[0] for r in conn.execute(
+                "SELECT run_id FROM sweep_runs WHERE sweep_id = ? ORDER BY position",
+                (sweep_id,))]
+        return _sweep_record(row, run_ids)
+
+    def list_sweeps(self, limit: int = 200) -> list[SweepRecord]:
+        with self.connect() as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute("SELECT * FROM sweeps ORDER BY created_at DESC LIMIT ?",
+                                (limit,)).fetchall()
+            links = conn.execute("SELECT sweep_id, run_id FROM sweep_runs ORDER BY position"
+                                 ).fetchall()
+        by_sweep: dict[str, list[str]] = {}
+        for sweep_id, run_id in links:
+            by_sweep.setdefault(sweep_id, []).append(run_id)
+        return [_sweep_record(row, by_sweep.get(row["id"], [])) for row in rows]
+
+    def set_sweep_status(self, sweep_id: str, status: str, reason: str | None = None) -> None:
+        ended = time.time() if status != SWEEP_RUNNING else None
+        with self.connect() as conn:
+            conn.execute("UPDATE sweeps SET status = ?, reason = COALESCE(?, reason),"
+                         " ended_at = COALESCE(?, ended_at) WHERE id = ?",
+                         (status, reason, ended, sweep_id))
+
+    def set_sweep_driver(self, sweep_id: str, pid: int, pid_create_time: float | None) -> None:
+        with self.connect() as conn:
+            conn.execute("UPDATE sweeps SET driver_pid = ?, driver_pid_create_time = ?"
+                         " WHERE id = ?", (pid, pid_create_time, sweep_id))
+
+    def sweep_of_run(self, run_id: str) -> SweepRecord | None:
+        with self.connect() as conn:
+            row = conn.execute("SELECT sweep_id FROM sweep_runs WHERE run_id = ?",
+                               (run_id,)).fetchone()
+        return self.get_sweep(row[0]) if row else None
+
+    def request_run_stop(self, run_id: str) -> None:
+        """Ask a Ray run's driver to stop it (the first request's time is kept)."""
+        with self.connect() as conn:
+            conn.execute("UPDATE sweep_runs SET stop_requested_at ="
+                         " COALESCE(stop_requested_at, ?) WHERE run_id = ?", (time.time(), run_id))
+
+    def stop_requests(self, sweep_id: str) -> dict[str, float]:
+        """run_id -> unix time of its stop request, for the sweep's runs that have one."""
+        with self.connect() as conn:
+            rows = conn.execute("SELECT run_id, stop_requested_at FROM sweep_runs WHERE"
+                                " sweep_id = ? AND stop_requested_at IS NOT NULL", (sweep_id,))
+            return {run_id: requested_at for run_id, requested_at in rows}
+
+    def set_run_placement(self, run_id: str, device_key: str, device_name: str | None) -> None:
+        """Where Ray placed a run (e.g. "cuda:0@10.0.0.5"); such a key never matches a local
+        device, so Ray runs neither wait in nor block the local device queues."""
+        with self.connect() as conn:
+            conn.execute("UPDATE runs SET device_key = ?, device_name = ? WHERE id = ?",
+                         (device_key, device_name, run_id))
+    # == end of sweeps ==================================================================
+
+
+# == sweeps: records ====================================================================
+class SweepNotFound(KeyError):
+    def __init__(self, sweep_id: str):
+        super().__init__(sweep_id)
+        self.sweep_id = sweep_id
+
+    def __str__(self) -> str:
+        return (f"sweep_id={self.sweep_id!r}: no such sweep; `python -m engine sweep list` "
+                "shows the sweeps")
+
+
+@dataclass
+class SweepRecord:
+    id: str
+    created_at: float
+    ended_at: float | None
+    grid: dict[str, Any]
+    backend: str
+    ray_address: str | None
+    options: dict[str, Any]
+    status: str
+    reason: str | None
+    driver_pid: int | None
+    driver_pid_create_time: float | None
+    run_ids: list[str] = field(default_factory=list)
+
+
+def _sweep_record(row: sqlite3.Row, run_ids: list[str]) -> SweepRecord:
+    return SweepRecord(
+        id=row["id"], created_at=row["created_at"], ended_at=row["ended_at"],
+        grid=json.loads(row["grid_json"]), backend=row["backend"],
+        ray_address=row["ray_address"], options=json.loads(row["options_json"] or "{}"),
+        status=row["status"], reason=row["reason"], driver_pid=row["driver_pid"],
+        driver_pid_create_time=row["driver_pid_create_time"], run_ids=run_ids)
+# == end of sweeps: records =============================================================
+
 
 _STORAGE_PROBLEMS = (
     (("malformed", "not a database"),
@@ -510,6 +675,56 @@ _STORAGE_PROBLEMS = (
      f"failing (a full disk shows up this way in WAL mode); free space there or point "
      f"{HOME_ENV} elsewhere; existing runs are kept"),
 )
+
+
+# == multi-GPU claims ====================================================================
+# A run's device_key is its first GPU; an N-process CUDA run (config nprocs = N) holds
+# cuda:K..cuda:K+N-1. A run starts when none of its GPUs is held by a running run and no
+# earlier queued run wants any of them (FIFO across overlapping runs: a 4-GPU run is not
+# starved by a stream of 1-GPU runs). CPU runs, whatever nprocs, share the one "cpu" key.
+_GPU_KEY_RE = re.compile(r"cuda:(\d+)")
+
+
+def _gpus_of(device_key: str, config_json: str) -> set[str]:
+    match = _GPU_KEY_RE.fullmatch(device_key)
+    if match is None:
+        return {device_key}
+    try:
+        nprocs = int(json.loads(config_json).get("nprocs", 1))
+    except (ValueError, TypeError, AttributeError):
+        nprocs = 1
+    first = int(match.group(1))
+    return {f"cuda:{index}" for index in range(first, first + max(1, nprocs))}
+
+
+def _gpus_free_and_first(conn: sqlite3.Connection, run_id: str) -> bool:
+    rows = conn.execute("SELECT id, seq, status, device_key, config_json FROM runs"
+                        " WHERE status IN (?, ?) AND device_key LIKE 'cuda:%'",
+                        (QUEUED, RUNNING)).fetchall()
+    mine = next(r for r in rows if r[0] == run_id)
+    wanted = _gpus_of(mine[3], mine[4])
+    for other_id, seq, status, device_key, config_json in rows:
+        if other_id == run_id or not wanted & _gpus_of(device_key, config_json):
+            continue
+        if status == RUNNING or seq < mine[1]:
+            return False
+    return True
+# == end of multi-GPU claims =============================================================
+
+
+# == telemetry ranks =====================================================================
+def _add_telemetry_rank(conn: sqlite3.Connection) -> None:
+    """Databases written before multi-process runs: add telemetry.rank (0 for every old
+    row). Idempotent, and safe when two processes open the same old database at once."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(telemetry)")}
+    if "rank" in columns:
+        return
+    try:
+        conn.execute("ALTER TABLE telemetry ADD COLUMN rank INTEGER NOT NULL DEFAULT 0")
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" not in str(exc).lower():
+            raise
+# == end of telemetry ranks ==============================================================
 
 
 def _storage_problem(exc: BaseException) -> str | None:

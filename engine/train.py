@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ from .data import SyntheticTask
 from .models import build_model, model_spec, parameter_count
 from .numerics import NUMERICS_FILENAME, NumericsProbe, default_sample_steps
 from .precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
+
+if TYPE_CHECKING:  # the multi-process side imports torch.distributed; single runs never do
+    from .parallel import ParallelContext
 
 WARMUP, STEADY, PROFILE, NUMERICS = "warmup", "steady", "profile", "numerics"
 TRACE_FILENAME = "trace.json.gz"
@@ -44,13 +47,14 @@ class TrainResult:
     steps_completed: int
     first_loss: float | None
     final_loss: float | None
-    samples_per_s: float | None  # steady-state steps only (no warm-up, no profiler window)
+    # steady-state steps only (no warm-up, no profiler window); all ranks together
+    samples_per_s: float | None
     tokens_per_s: float | None
     step_time_ms: float | None
     peak_mem_bytes: int | None
     loss_scale_final: float | None
     skipped_steps: int
-    flops_per_step: float | None
+    flops_per_step: float | None  # all ranks together in a multi-process run
     flops_method: str | None
     achieved_tflops: float | None
     param_count: int
@@ -112,20 +116,28 @@ def compute_loss(cfg: RunConfig, logits: torch.Tensor, targets: torch.Tensor) ->
 
 
 class Trainer:
-    """Holds the model, optimizer and precision plan for one run."""
+    """Holds the model, optimizer and precision plan for one run (or one rank of it)."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device):
+    def __init__(self, cfg: RunConfig, device: torch.device,
+                 parallel: "ParallelContext | None" = None):
         self.cfg = cfg
         self.device = device
+        # Same seed on every rank: identical initial weights (FSDP2 shards them as they are).
         torch.manual_seed(cfg.seed)
         self.plan: PrecisionPlan = make_plan(cfg, device)
         model = prepare_model(build_model(cfg), self.plan, device, cfg.channels_last)
         self.param_count = parameter_count(model)
-        self.model = torch.compile(model) if cfg.compile else model
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.module = model  # unwrapped: what the numerics probe hooks into
+        # DDP / FSDP2 go around the model before the optimizer sees its parameters
+        # (fully_shard turns them into sharded DTensors) and before torch.compile.
+        wrapped = parallel.wrap(model) if parallel is not None else model
+        self.model = torch.compile(wrapped) if cfg.compile else wrapped
+        self.params = [p for p in wrapped.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(cfg, self.params)
-        self.task = SyntheticTask(cfg, device)
-        self.samples_per_step = cfg.batch_size
+        rank = parallel.rank if parallel is not None else 0
+        self.task = SyntheticTask(cfg, device, stream=rank)  # each rank its own batches
+        # Global: every rank trains batch_size samples per step.
+        self.samples_per_step = cfg.batch_size * (parallel.world_size if parallel else 1)
         self.tokens_per_sample = cfg.seq_len if cfg.model == ModelName.GPT.value else None
         self.probe: NumericsProbe | None = None
 
@@ -152,12 +164,16 @@ class Trainer:
         else:
             loss.backward()
         if probe is not None:
-            probe.capture_gradients(step, self.model)  # after unscale_: the true gradients
+            probe.capture_gradients(step, self.module)  # after unscale_: the true gradients
         grad_norm = None
         if want_grad_norm or scaler is not None:
             grads = [p.grad for p in self.params if p.grad is not None]
             grad_norm = (torch.nn.utils.get_total_norm(grads) if grads
                          else torch.zeros((), device=self.device))
+            if hasattr(grad_norm, "full_tensor"):
+                # FSDP2: the norm of sharded gradients is a DTensor; materialising it is a
+                # collective, reached by every rank because each computes it on the same steps.
+                grad_norm = grad_norm.full_tensor()
         if scaler is not None:
             scaler.step(self.optimizer)  # skipped internally when grads hold inf/NaN
             scaler.update()
@@ -293,22 +309,31 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
 def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]], None],
           should_stop: Callable[[], bool] = lambda: False, run_dir: Path | None = None,
           peak_flops: float | None = None,
-          on_window: Callable[["ProfilerWindow", str], None] | None = None) -> TrainResult:
+          on_window: Callable[["ProfilerWindow", str], None] | None = None,
+          parallel: "ParallelContext | None" = None) -> TrainResult:
     """Train `cfg` on `device_key`, calling `emit(rows)` at each log boundary.
 
     `peak_flops` (FLOP/s of the device at this precision) turns achieved FLOP/s into MFU;
     None leaves MFU empty rather than guessing. Raises torch.OutOfMemoryError / MemoryError
     on OOM; divergence and stop requests end the run with a status instead.
+
+    With `parallel` (one rank of a multi-process run) the logged loss is the mean over the
+    ranks, throughput and FLOPs count all ranks, and a stop request is honoured at a log
+    boundary by every rank together. Pass run_dir=None on ranks other than 0: only rank 0
+    profiles.
     """
     device = resolve_torch_device(device_key)
-    trainer = Trainer(cfg, device)
+    trainer = Trainer(cfg, device, parallel)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     flops_per_step = measure_flops_per_step(trainer)
+    if flops_per_step and parallel is not None:
+        flops_per_step *= parallel.world_size  # every rank does the same work
     probe = None
     if cfg.numerics and run_dir is not None and not cfg.compile:
         # Registered after the FLOP count so step 1 is not sampled twice.
-        probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(trainer.model)
+        probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(
+            trainer.module)
     profiler = ProfilerWindow(cfg, device, run_dir)
     scaler = trainer.plan.scaler
     skipped_total = torch.zeros((), dtype=torch.int64, device=device)
@@ -320,7 +345,7 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
     interval = _Interval(start_s=time.perf_counter())
 
     for step in range(1, cfg.steps + 1):
-        if should_stop():
+        if parallel is None and should_stop():
             status, reason, step = "stopped", f"stopped by request at step {step - 1}", step - 1
             break
         phase = phase_of(step, cfg)
@@ -340,9 +365,15 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         # A phase change is a timing boundary too (one extra sync per phase, not per
         # step), so a steady interval never carries warm-up or profiler time.
         phase_ends = next_phase is not None and next_phase != phase
+        stop_all = False
         if is_log_step or profiler.prof is not None or phase_ends:
             # Sync point: timing needs the device to have finished the queued work.
             loss_value = float(loss.item())
+            if parallel is not None and (is_log_step or phase_ends):
+                # The same condition on every rank (the profiler runs on rank 0 only), so
+                # this one collective always meets all ranks: the mean loss, and whether any
+                # rank was asked to stop (they must leave the loop at the same step).
+                loss_value, stop_all = parallel.reduce_log_values(loss_value, should_stop())
             measured_at_s = time.perf_counter()
             elapsed_s = measured_at_s - interval.start_s
             step_time_ms = elapsed_s * 1000.0 / interval.steps
@@ -367,6 +398,9 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         if wrote_trace and on_window is not None:
             on_window(profiler, trainer.plan.compute_dtype_name)
             interval = _Interval(start_s=time.perf_counter())  # export time is not a step
+        if stop_all:
+            status, reason = "stopped", f"stopped by request at step {step}"
+            break
 
     samples_per_s = (steady_steps * trainer.samples_per_step / steady_time_s) if steady_time_s else None
     mem = memory_snapshot(device)

@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .run_stats import finalize_run_data
+from .run_stats import finalize_run_data, result_summary
 from .store import (ACTIVE_STATUSES, DIVERGED, FAILED, FINISHED, OOM, QUEUED, RUNNING,
                     STOPPED, Store)
 
@@ -56,6 +56,13 @@ def supervise(run_id: str, store: Store) -> int:
         reconcile(store)  # a dead run must not hold the device forever
         time.sleep(QUEUE_POLL_S)
     run = store.get_run(run_id)
+    if run.config.nprocs > 1:  # torchrun and its ranks: engine/distributed.py
+        from .distributed import supervise_distributed
+
+        supervise_distributed(run, store, stop, _memory_cap(
+            run.config.memory_cap_mb if run.device_key == "cpu" else 0))
+        _replace_standby(store)
+        return 0
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
     child = _start_trainer(run_id, run, store)
@@ -193,7 +200,7 @@ def run_trainer(run_id: str, store: Store) -> int:
 
     from .run_analysis import analyze_window
     from .telemetry import TelemetrySampler
-    from .train import Diverged, plausible_mfu, train
+    from .train import Diverged, train
 
     cfg = run.config
     buffer = MetricBuffer(store, run_id)
@@ -208,7 +215,7 @@ def run_trainer(run_id: str, store: Store) -> int:
             traceback.print_exc()
             store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
 
-    peak = _device_peak(store, run_id, run.device_key, cfg)
+    peak = device_peak(store, run_id, run.device_key, cfg)
     sampler = TelemetrySampler(run.device_key, lambda rows: store.write_telemetry(run_id, rows))
     sampler.start()
     try:
@@ -227,7 +234,7 @@ def run_trainer(run_id: str, store: Store) -> int:
     except Exception as exc:
         buffer.close()
         traceback.print_exc()
-        if _looks_like_oom(exc):
+        if looks_like_oom(exc):
             _record_oom(store, run_id, cfg.batch_size, exc)
         else:
             store.set_status(run_id, FAILED, f"{type(exc).__name__}: {exc}"[:2000])
@@ -235,14 +242,7 @@ def run_trainer(run_id: str, store: Store) -> int:
     finally:
         sampler.stop()
     buffer.close()
-    summary = result.to_dict()
-    if peak and result.achieved_tflops:
-        summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak)
-        if summary["mfu"] is None:
-            summary["mfu_note"] = (f"MFU omitted: the run achieved {result.achieved_tflops * 1e3:.3g} "
-                                   f"GFLOP/s, more than the {peak / 1e9:.3g} GFLOP/s peak "
-                                   "measured by the matmul microbenchmark, so that peak does not "
-                                   "represent this model's matmuls (typical of emulated dtypes)")
+    summary = result_summary(result, peak)
     store.merge_summary(run_id, summary)
     final = STOPPED if result.status == "stopped" else FINISHED
     finalize_run_data(store, run_id)
@@ -251,7 +251,7 @@ def run_trainer(run_id: str, store: Store) -> int:
     return 0
 
 
-def _device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | None:
+def device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | None:
     """Dense peak FLOP/s for this run's precision: datasheet, or measured once and cached.
 
     Measured before telemetry and training start, while the device is ours, so the
@@ -270,7 +270,7 @@ def _device_peak(store: Store, run_id: str, device_key: str, cfg) -> float | Non
     return peak.flops_per_s
 
 
-def _looks_like_oom(exc: BaseException) -> bool:
+def looks_like_oom(exc: BaseException) -> bool:
     text = str(exc)
     return "can't allocate memory" in text or "out of memory" in text.lower()
 

@@ -75,12 +75,18 @@ def loss_scale_figure(frame: pd.DataFrame) -> go.Figure:
 
 def telemetry_figure(frame: pd.DataFrame, columns: list[tuple[str, str]], title: str,
                      y_title: str) -> go.Figure:
+    """One line per column; per rank and column when the frame holds several ranks
+    (a multi-process run: each process samples itself)."""
     fig = _figure(title, "time (s since start)", y_title)
     if frame.empty:
         return fig
     t0 = frame["t_s"].min()
-    for column, label in columns:
-        if column in frame and frame[column].notna().any():
-            fig.add_trace(go.Scatter(x=frame["t_s"] - t0, y=frame[column], mode="lines",
-                                     name=label))
+    ranks = sorted(frame["rank"].unique()) if "rank" in frame else []
+    parts = ([(f"rank {rank} ", frame[frame["rank"] == rank]) for rank in ranks]
+             if len(ranks) > 1 else [("", frame)])
+    for prefix, part in parts:
+        for column, label in columns:
+            if column in part and part[column].notna().any():
+                fig.add_trace(go.Scatter(x=part["t_s"] - t0, y=part[column], mode="lines",
+                                         name=prefix + label))
     return fig

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
-from engine.config import (ConfigError, ModelName, ModelSize, OptimizerName, Precision,
-                           PRECISION_LABELS, RunConfig, choices, field_doc)
+from engine.config import (CommHook, ConfigError, ModelName, ModelSize, OptimizerName,
+                           Precision, PRECISION_LABELS, RunConfig, Sharding, choices, field_doc)
 from engine.devices import UNSUPPORTED, mode_support
+from engine.distributed import check_parallel, max_procs_for
 from engine.launcher import launch
 from engine.store import StoreError
 from pages.ui import MODE_ICONS, cached_devices, ensure_app_shell, get_store, open_in_live
@@ -63,6 +66,31 @@ with right:
                                     help=field_doc("channels_last"))
     compile_model = st.checkbox("torch.compile", key="compile", help=field_doc("compile"))
 
+usable_gpus = [d.key for d in devices if d.kind == "cuda" and d.torch_usable]
+max_procs = max_procs_for(device, usable_gpus, os.cpu_count())
+if st.session_state.get("nprocs", 1) > max_procs:  # e.g. after switching to a smaller device
+    st.session_state["nprocs"] = max_procs
+procs_col, sharding_col, hook_col = st.columns(3)
+with procs_col:
+    nprocs = st.number_input(
+        "Processes", min_value=1, max_value=max_procs, value=1, step=1, key="nprocs",
+        help=f"{field_doc('nprocs')} Up to {max_procs} on {device.name}.")
+single_process = int(nprocs) == 1
+why_disabled = "Applies to runs with 2 or more processes." if single_process else ""
+with sharding_col:
+    sharding = st.selectbox("Sharding", choices(Sharding), key="sharding",
+                            disabled=single_process,
+                            help=why_disabled or field_doc("sharding"))
+with hook_col:
+    comm_hook = st.selectbox("Gradient communication", choices(CommHook), key="comm_hook",
+                             disabled=single_process,
+                             format_func=lambda h: "fp32 (no compression)" if h == "none" else h,
+                             help=why_disabled or field_doc("comm_hook"))
+if single_process:
+    sharding, comm_hook = Sharding.DDP.value, CommHook.NONE.value
+    st.caption("Sharding and gradient communication apply to runs with 2 or more processes "
+               "(torchrun; one per GPU, or gloo processes on a CPU).")
+
 with st.expander("Loss scaling, logging and profiling"):
     loss_scaling = st.checkbox("Loss scaling (GradScaler) for fp16-amp", value=True,
                                key="loss_scaling", help=field_doc("loss_scaling"))
@@ -115,7 +143,25 @@ def build_config(precision_value: str) -> RunConfig:
         grad_scaler_growth_interval=int(growth_interval), loss_scaling=bool(loss_scaling),
         log_interval=int(log_interval), warmup_steps=int(warmup_steps), profile=bool(profile),
         profile_steps=int(profile_steps), numerics=bool(numerics),
-        memory_cap_mb=int(memory_cap_mb), name=name.strip())
+        memory_cap_mb=int(memory_cap_mb), name=name.strip(), nprocs=int(nprocs),
+        sharding=sharding, comm_hook=comm_hook)
+
+
+def parallel_problem() -> ConfigError | None:
+    """Multi-process choices this machine refuses, shown before the button (not after)."""
+    if single_process:
+        return None
+    try:
+        warnings = check_parallel(build_config(precision), device, usable_gpus, os.cpu_count())
+    except ConfigError as exc:
+        st.error(f"**{exc.field}** = `{exc.value}`: {exc.fix}")
+        return exc
+    for warning in warnings:
+        st.caption(warning)
+    return None
+
+
+parallel_error = parallel_problem()
 
 
 def launch_all(precisions: tuple[str, ...]) -> list[str]:
@@ -138,13 +184,15 @@ def launch_all(precisions: tuple[str, ...]) -> list[str]:
 
 col_launch, col_preset = st.columns(2)
 with col_launch:
-    if st.button("Launch run", type="primary", disabled=chosen.status == UNSUPPORTED,
+    if st.button("Launch run", type="primary",
+                 disabled=chosen.status == UNSUPPORTED or parallel_error is not None,
                  key="launch", width="stretch"):
         run_ids = launch_all((precision,))
         if run_ids:
             open_in_live(run_ids[0])
 with col_preset:
-    preset_runnable = all(support[p].status != UNSUPPORTED for p in COMPARISON_PRESET)
+    preset_runnable = (all(support[p].status != UNSUPPORTED for p in COMPARISON_PRESET)
+                       and parallel_error is None)
     if st.button("Compare preset: fp32, fp16-amp, bf16-amp (queued in turn)",
                  key="preset", disabled=not preset_runnable, width="stretch",
                  help="Queues the same model and batch size at the three classic precisions; "

@@ -11,6 +11,7 @@ import streamlit as st
 
 from engine.downsample import downsample_minmax
 from engine.launcher import read_log_tail, reconcile, stop
+from engine.ray_driver import is_ray_run
 from engine.store import RunNotFound
 from pages import charts
 from pages.ui import (LIVE_RUN_KEY, fmt_bytes, fmt_duration, fmt_num, get_store, status_badge)
@@ -47,11 +48,15 @@ run = store.get_run(selected)
 cfg = run.config
 st.caption(f"{cfg.model}-{cfg.size} · {cfg.precision} · batch {cfg.batch_size} · "
            f"{cfg.steps} steps · lr {cfg.lr:g} · {cfg.optimizer} · device {run.device_key} "
-           f"({run.device_name or 'unknown'}) · seed {cfg.seed}")
+           f"({run.device_name or 'unknown'}) · seed {cfg.seed}"
+           + (f" · {cfg.nprocs} processes ({cfg.sharding}, comm hook {cfg.comm_hook})"
+              if cfg.nprocs > 1 else ""))
 
+on_ray = is_ray_run(store, run.id)  # a sweep run placed by a Ray cluster (device "cpu@IP")
 if run.is_active:
     if st.button("⏹ Stop run", key="stop_run", type="secondary"):
-        with st.spinner("Stopping (SIGTERM, then SIGKILL after 3 s)..."):
+        with st.spinner("Stopping (the Ray task is asked to stop, then cancelled)..." if on_ray
+                        else "Stopping (SIGTERM, then SIGKILL after 3 s)..."):
             stop(run.id, store)
         st.rerun()
 
@@ -178,11 +183,14 @@ def charts_block(run, frame: pd.DataFrame) -> None:
 
 
 def telemetry_block(run) -> None:
-    """GPU telemetry from NVML (2 Hz) or, on CPU runs, the worker's CPU % and RSS."""
+    """GPU telemetry from NVML (2 Hz) or, on CPU runs, the worker's CPU % and RSS; one
+    line per rank in a multi-process run (each rank samples its own process and GPU)."""
     frame = store.read_telemetry(run.id)
     if frame.empty:
         return
     st.subheader("Telemetry")
+    if frame["rank"].nunique() > 1:
+        st.caption(f"One line per rank ({frame['rank'].nunique()} processes).")
     reasons = frame["throttle_reasons"].dropna()
     throttled = reasons[reasons.str.len() > 0] if len(reasons) else reasons
     if len(throttled):
@@ -257,7 +265,10 @@ def batch_search_block(run) -> None:
                    + ("" if result.get("complete") else " (search incomplete)"), state="complete")
 
 
-if not run.is_active:
+if not run.is_active and on_ray:
+    st.caption(f"The largest-batch search probes this machine's devices; this run trained on "
+               f"a Ray node ({run.device_key}), so it is not offered here.")
+elif not run.is_active:
     batch_search_block(run)
 
 with st.expander("Worker log"):

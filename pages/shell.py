@@ -17,6 +17,7 @@ PAGES = [
     ("pages/live.py", "Live", ":material/monitoring:"),
     ("pages/runs.py", "Runs", ":material/table_rows:"),
     ("pages/compare.py", "Compare", ":material/compare_arrows:"),
+    ("pages/sweep.py", "Sweep", ":material/grid_view:"),
     ("pages/kernels.py", "Kernels", ":material/memory:"),
     ("pages/check.py", "GPU check", ":material/health_and_safety:"),
 ]

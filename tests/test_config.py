@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import (MAX_BATCH_SIZE, MAX_IMAGE_SIZE, MAX_SEQ_LEN, MAX_STEPS,
-                           ConfigError, ModelName, ModelSize, OptimizerName, Precision,
-                           RunConfig, choices, config_fields, field_doc)
+from engine.config import (MAX_BATCH_SIZE, MAX_IMAGE_SIZE, MAX_NPROCS, MAX_SEQ_LEN, MAX_STEPS,
+                           CommHook, ConfigError, ModelName, ModelSize, OptimizerName, Precision,
+                           RunConfig, Sharding, choices, config_fields, field_doc)
 
 # (low, high) accepted bounds of every integer field, as the issue and the docs state them.
 INT_BOUNDS = {
@@ -28,6 +28,7 @@ INT_BOUNDS = {
     "profile_steps": (1, 50),
     "memory_cap_mb": (0, 10**8),
     "seed": (0, 2**31 - 1),
+    "nprocs": (1, MAX_NPROCS),
 }
 # (low, high, low_is_open)
 FLOAT_BOUNDS = {
@@ -36,7 +37,10 @@ FLOAT_BOUNDS = {
     "grad_scaler_init_scale": (0.0, 2.0**32, True),
 }
 ENUM_FIELDS = {"model": ModelName, "size": ModelSize, "precision": Precision,
-               "optimizer": OptimizerName}
+               "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook}
+# Fields whose non-default values need another field set (tests/test_distributed.py
+# tests these rules themselves).
+ENUM_CONTEXT = {"sharding": {"nprocs": 2}, "comm_hook": {"nprocs": 2}}
 BOOL_FIELDS = ("channels_last", "compile", "loss_scaling", "profile", "numerics")
 STR_FIELDS = ("device", "name")
 
@@ -155,7 +159,8 @@ def test_enum_field_accepts_members_and_values_and_stores_plain_strings(field_na
     enum_type = ENUM_FIELDS[field_name]
     for member in enum_type:
         for given_value in (member, member.value):
-            stored = getattr(RunConfig(**{field_name: given_value}), field_name)
+            stored = getattr(RunConfig(**{field_name: given_value},
+                                       **ENUM_CONTEXT.get(field_name, {})), field_name)
             assert stored == member.value and type(stored) is str
 
 
@@ -252,15 +257,20 @@ def test_json_round_trip_of_defaults_and_of_every_field_changed():
                         device="cuda:1", seq_len=3, image_size=9, channels_last=True,
                         compile=True, grad_scaler_init_scale=1024, grad_scaler_growth_interval=5,
                         loss_scaling=False, numerics=True, log_interval=2, warmup_steps=0, profile=False,
-                        profile_steps=50, memory_cap_mb=100, name="all (changed)")
+                        profile_steps=50, memory_cap_mb=100, name="all (changed)", nprocs=2,
+                        comm_hook="fp16")
+    # sharding=fsdp2 excludes numerics: its change round-trips in a second config.
+    sharded = changed.replace(sharding="fsdp2", numerics=False)
     text = changed.to_json()
     data = json.loads(text)
     assert list(data) == sorted(data)  # stable text: sorted keys
     assert set(data) == {f.name for f in config_fields()}
     for f in config_fields():
-        assert getattr(changed, f.name) != getattr(default, f.name), f.name
+        assert getattr(sharded if f.name == "sharding" else changed, f.name) != \
+            getattr(default, f.name), f.name
     assert RunConfig.from_json(text) == changed
     assert RunConfig.from_dict(changed.to_dict()) == changed
+    assert RunConfig.from_json(sharded.to_json()) == sharded
 
 
 def test_field_docs_are_read_from_the_source():
@@ -302,7 +312,23 @@ VALID_FIELD_STRATEGIES = {
     "device": st.sampled_from(["auto", "cpu", "cuda"]) | st.from_regex(r"cuda:[0-9]{1,2}", fullmatch=True),
     "name": st.from_regex(r"[A-Za-z0-9 .,:+()_\-]{0,80}", fullmatch=True),
 }
-valid_configs = st.fixed_dictionaries({}, optional=VALID_FIELD_STRATEGIES)
+
+
+def _multi_process_consistent(fields: dict) -> dict:
+    """Apply RunConfig's cross-field rules for multi-process runs to drawn fields."""
+    fields = dict(fields)
+    fsdp2 = fields.get("sharding", "ddp") == "fsdp2"
+    if (fields.get("comm_hook", "none") != "none" or fsdp2) and fields.get("nprocs", 1) == 1:
+        fields["nprocs"] = 2
+    if fsdp2 and fields.get("precision") == "fp8":
+        fields["precision"] = "bf16-amp"
+    if fsdp2 and fields.get("numerics"):
+        fields["numerics"] = False
+    return fields
+
+
+valid_configs = st.fixed_dictionaries({}, optional=VALID_FIELD_STRATEGIES).map(
+    _multi_process_consistent)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

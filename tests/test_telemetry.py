@@ -184,7 +184,8 @@ def test_sampler_rows_round_trip_through_the_store(store):
         _busy(0.3)
     frame = store.read_telemetry(run_id, max_points=None)
     assert len(frame) >= 3
-    assert list(frame.columns) == list(TELEMETRY_COLUMNS)
+    assert list(frame.columns) == [*TELEMETRY_COLUMNS, "rank"]
+    assert (frame["rank"] == 0).all()  # a single-process run is rank 0
     assert (frame["rss_bytes"] > 0).all()
 
 

@@ -1,0 +1,199 @@
+"""Sweep: a grid of runs (models x precisions x batch sizes) on this machine's device
+queue or on a Ray cluster; each run's status live, stop, and the results matrix."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from engine.config import ConfigError, ModelName, ModelSize, Precision, choices
+from engine.launcher import reconcile, stop
+from engine.store import FINISHED, SWEEP_RUNNING
+from engine.sweep import (MATRIX_METRICS, MAX_SWEEP_RUNS, RAY_ADDRESS_ENV, RayOptions, SweepGrid,
+                          counts_text, create_sweep, default_ray_address, ray_problem,
+                          results_matrix, stop_sweep, sweep_view)
+from pages.ui import (fmt_age, ensure_app_shell, get_store, open_in_live, status_badge)
+
+ensure_app_shell()  # before drawing anything: see pages/ui.py
+
+REFRESH_S = 2.0
+BATCH_CHOICES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+SELECTED_KEY = "sweep_selected"
+LOCAL, RAY = "This machine (device queue, one run at a time)", "Ray cluster"
+
+store = get_store()
+reconcile(store)  # a dead worker or sweep driver shows as failed here
+
+st.title("Sweeps")
+
+
+@st.cache_data(ttl=15, show_spinner=False)
+def cached_ray_problem(address: str) -> str | None:
+    """A TCP probe of the head (<= 2 s): cached so reruns of the page do not repeat it."""
+    return ray_problem(address)
+
+
+# ---------------------------------------------------------------------------------------
+# new sweep
+
+
+def grid_form() -> None:
+    st.subheader("New sweep")
+    left, middle, right = st.columns(3)
+    models = left.multiselect("Models", choices(ModelName), default=["mlp"], key="sw_models")
+    precisions = middle.multiselect("Precisions", choices(Precision), default=["fp32", "bf16-amp"],
+                                    key="sw_precisions")
+    batch_sizes = right.multiselect("Batch sizes", BATCH_CHOICES, default=[8, 16],
+                                    key="sw_batch_sizes")
+    left, middle, right = st.columns(3)
+    size = left.selectbox("Model size", choices(ModelSize), key="sw_size")
+    steps = middle.number_input("Steps per run", min_value=1, max_value=1_000_000, value=30,
+                                key="sw_steps")
+    profile = right.checkbox("Profile a few steps per run (kernel breakdown)", value=True,
+                             key="sw_profile")
+    where = st.radio("Where", [LOCAL, RAY], index=1 if default_ray_address() else 0,
+                     key="sw_where", horizontal=True)
+    address, options, ray_ok = "", None, True
+    if where == RAY:
+        address, options, ray_ok = ray_settings()
+    count = len(models) * len(precisions) * len(batch_sizes)
+    too_many = count > MAX_SWEEP_RUNS
+    st.markdown(f"This sweep will create **{count} runs** ({len(models)} x {len(precisions)} x "
+                f"{len(batch_sizes)}: models x precisions x batch sizes).")
+    if too_many:
+        st.error(f"{count} runs is more than the {MAX_SWEEP_RUNS} one sweep may create: "
+                 "drop some models, precisions or batch sizes, or split the grid.")
+    if not st.button("Create sweep", type="primary", key="sw_create",
+                     disabled=too_many or count == 0 or not ray_ok):
+        return
+    try:
+        grid = SweepGrid(models=tuple(models), precisions=tuple(precisions),
+                         batch_sizes=tuple(batch_sizes), size=size, steps=int(steps),
+                         profile=profile)
+        sweep_id = create_sweep(grid, store, ray_address=address, ray_options=options)
+    except ConfigError as exc:
+        st.error(f"Cannot create the sweep: {exc.field} = {exc.value!r}: {exc.fix}")
+        return
+    st.session_state[SELECTED_KEY] = sweep_id
+    st.success(f"Sweep {sweep_id} created with {count} runs.")
+
+
+def ray_settings() -> tuple[str, RayOptions | None, bool]:
+    """The Ray address and resources; says plainly when Ray cannot be used right now."""
+    left, middle, right = st.columns(3)
+    address = left.text_input("Ray address (HOST:PORT of the head, or auto)",
+                              value=default_ray_address(), key="sw_ray_address",
+                              help=f"Default from ${RAY_ADDRESS_ENV}. This machine must be a "
+                                   "node of the cluster (README: Sweeps).").strip()
+    gpus = middle.number_input("GPUs per run", min_value=0, max_value=8, value=1, key="sw_gpus",
+                               help="On a CPU-only cluster runs are scheduled by CPUs instead.")
+    cpus = right.number_input("CPUs per run", min_value=1, max_value=64, value=1, key="sw_cpus")
+    if not address:
+        st.warning("Enter the Ray cluster's address, or choose this machine.")
+        return address, None, False
+    problem = cached_ray_problem(address)
+    if problem:
+        st.error(f"The Ray cluster cannot be used: {problem}. Sweeps on this machine still work.")
+        return address, None, False
+    st.caption(f"Ray cluster at {address} is reachable; each run becomes one Ray task.")
+    return address, RayOptions(gpus_per_run=int(gpus), cpus_per_run=int(cpus)), True
+
+
+# ---------------------------------------------------------------------------------------
+# one sweep: runs, actions, results
+
+
+def runs_table(view) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run_id": r.id, "model": f"{r.config.model}-{r.config.size}",
+        "precision": r.config.precision, "batch": r.config.batch_size,
+        "status": status_badge(r.status), "steps": f"{r.steps_completed}/{r.total_steps}",
+        "device": r.device_key, "device_name": r.device_name or "",
+        "reason": r.reason or "",
+    } for r in view.runs])
+
+
+def heatmap(model: str, matrix: dict) -> go.Figure:
+    frame, status = matrix["values"][model], matrix["status"][model]
+    unit = matrix["unit"]
+    text = [[_cell_text(frame.loc[p, b], status.loc[p, b], unit) for b in frame.columns]
+            for p in frame.index]
+    throughput_x = matrix["metric"] == "throughput_x"
+    fig = go.Figure(go.Heatmap(
+        z=frame.astype(object).where(frame.notna(), None).values.tolist(), x=[f"bs {b}" for b in frame.columns], y=list(frame.index),
+        text=text, texttemplate="%{text}", hoverinfo="x+y+text",
+        colorscale="RdBu" if throughput_x else "Viridis", zmid=1.0 if throughput_x else None,
+        colorbar=dict(title=unit or matrix["label"])))
+    title = f"{model}: {matrix['label']}" + (f" ({unit})" if unit else "")
+    if throughput_x:
+        title += f", baseline {matrix['baseline']}"
+    fig.update_layout(title=title, xaxis_title="batch size", yaxis_title="precision",
+                      yaxis_autorange="reversed", margin=dict(l=10, r=10, t=40, b=10),
+                      height=120 + 45 * len(frame.index))
+    return fig
+
+
+def _cell_text(value, status: str, unit: str) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.2f}x" if unit == "x" else f"{value:.4g}"
+    return "n/a" if status == FINISHED else status
+
+
+def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
+    view = sweep_view(store, sweep_id)
+    sweep = view.sweep
+    where = f"Ray cluster at {sweep.ray_address}" if sweep.backend == "ray" else "this machine"
+    st.markdown(f"**{view.status}** on {where} · {len(view.runs)} runs: {counts_text(view.counts)}")
+    if sweep.reason:
+        st.error(f"Sweep failed: {sweep.reason}")
+    st.dataframe(runs_table(view), key="sweep_runs", hide_index=True)
+    matrix = results_matrix(view, metric)
+    for model in view.grid.models:
+        st.plotly_chart(heatmap(model, matrix), key=f"heatmap_{model}")
+    if view.status != status_at_load:
+        st.rerun()  # running -> done: redraw once, without the refresh timer
+
+
+def sweep_actions(view) -> None:
+    labels = {r.id: f"{r.config.label} · {r.id}" for r in view.runs}
+    left, middle, right = st.columns([3, 1, 1])
+    run_id = left.selectbox("Run", list(labels), format_func=labels.get, key="sw_run")
+    if middle.button("Open in Live", key="sw_open_live"):
+        open_in_live(run_id)
+    if right.button("Stop run", key="sw_stop_run", disabled=not store.get_run(run_id).is_active):
+        with st.spinner("Stopping..."):
+            stop(run_id, store)
+        st.rerun()
+    if view.status == SWEEP_RUNNING and st.button("Stop sweep", key="sw_stop_sweep"):
+        with st.spinner("Stopping every queued and running run of the sweep..."):
+            stop_sweep(view.sweep.id, store)
+        st.rerun()
+
+
+def sweeps_section() -> None:
+    st.subheader("Sweeps")
+    sweeps = store.list_sweeps()
+    if not sweeps:
+        st.info("No sweeps yet. Define a grid above to start one.")
+        return
+    ids = [s.id for s in sweeps]
+    wanted = st.session_state.get(SELECTED_KEY)
+    labels = {s.id: f"{s.id} · {s.backend} · {len(s.run_ids)} runs · {fmt_age(s.created_at)}"
+              for s in sweeps}
+    sweep_id = st.selectbox("Sweep", ids, index=ids.index(wanted) if wanted in ids else 0,
+                            format_func=labels.get, key="sw_select")
+    st.session_state[SELECTED_KEY] = sweep_id
+    view = sweep_view(store, sweep_id)
+    sweep_actions(view)
+    metric = st.selectbox("Results matrix", list(MATRIX_METRICS), key="sw_metric",
+                          format_func=lambda m: MATRIX_METRICS[m][0]
+                          + (f" ({MATRIX_METRICS[m][1]})" if MATRIX_METRICS[m][1] else ""))
+    active = view.status == SWEEP_RUNNING
+    st.fragment(run_every=REFRESH_S if active else None)(sweep_panel)(sweep_id, view.status, metric)
+
+
+grid_form()
+sweeps_section()

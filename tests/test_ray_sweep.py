@@ -1,0 +1,289 @@
+"""Sweeps on a real Ray cluster: a head on 127.0.0.1 (2 CPUs, no GPUs) started for this
+module with `ray start`, torn down with `ray stop --force`, after which no process of it
+may be left.
+
+Skipped only when `import ray` fails; requirements-dev.txt installs Ray (through
+requirements-ray.txt), so in CI these tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install -r requirements-ray.txt)")
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from engine.launcher import is_alive, stop  # noqa: E402
+from engine.store import (FAILED, FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED,  # noqa: E402
+                          SWEEP_RAY, Store)
+from engine.sweep import (RayOptions, SweepGrid, create_sweep, results_matrix,  # noqa: E402
+                          stop_sweep, sweep_view, wait_sweep)
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
+OBJECT_STORE_BYTES = 150 * 2**20
+
+pytestmark = [pytest.mark.slow]
+
+
+# ---------------------------------------------------------------------------------------
+# the cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cluster_processes(temp_dir: Path) -> list:
+    """The head's processes (their command lines name our temp dir) and everything they
+    started (workers rename themselves `ray::...`, so they are found as descendants)."""
+    import psutil
+
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if str(temp_dir) in " ".join(proc.info["cmdline"] or []):
+                found[proc.pid] = proc
+                for child in proc.children(recursive=True):
+                    found[child.pid] = child
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    # Short path: Ray's unix socket paths live under it and have a length limit.
+    temp_dir = Path(tempfile.mkdtemp(prefix="plray-", dir="/tmp"))
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    start = subprocess.run(
+        [*RAY_CLI, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+         "--num-cpus", "2", "--num-gpus", "0", "--include-dashboard=false",
+         "--disable-usage-stats", "--temp-dir", str(temp_dir),
+         "--object-store-memory", str(OBJECT_STORE_BYTES)],
+        capture_output=True, text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
+    try:
+        assert start.returncode == 0, f"ray start failed:\n{start.stdout}\n{start.stderr}"
+        yield f"127.0.0.1:{port}"
+    finally:
+        ours = _cluster_processes(temp_dir)
+        subprocess.run([*RAY_CLI, "stop", "--force"], capture_output=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+        left = _wait_gone(ours, timeout_s=15)
+        for proc in left:  # never leave a raylet or worker eating the CI cores
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, f"Ray processes left after `ray stop --force`: {left}"
+        assert ours or start.returncode != 0, "no process of the Ray head was found, so the " \
+                                              "leftover check above could not see any"
+
+
+def _wait_gone(processes: list, timeout_s: float) -> list:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(scope="module")
+def lab(module_homes) -> Store:
+    return Store(module_homes("ray_sweep"))
+
+
+# ---------------------------------------------------------------------------------------
+# a sweep that completes
+
+GRID = SweepGrid(models="mlp", precisions="fp32,bf16-amp", batch_sizes="8", steps=20,
+                 size="tiny", profile=True)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_address, lab):
+    sweep_id = create_sweep(GRID, lab, ray_address=ray_address)
+    view = wait_sweep(lab, sweep_id, timeout_s=180)
+    return view
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_sweep_finishes_with_metrics_telemetry_traces_and_summaries(finished_sweep, lab,
+                                                                          ray_address):
+    view = finished_sweep
+    assert view.status == SWEEP_DONE, [(r.status, r.reason) for r in view.runs]
+    sweep = view.sweep
+    _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30,
+          "the driver to exit")
+    sweep = lab.get_sweep(sweep.id)
+    assert sweep.backend == SWEEP_RAY and sweep.ray_address == ray_address
+    assert sweep.status == SWEEP_DONE  # recorded by the driver itself before it exits
+    for run in view.runs:
+        assert run.status == FINISHED, (run.status, run.reason)
+        # Where Ray placed it; a key no local device queue uses.
+        assert re.fullmatch(r"cpu@[0-9.]+", run.device_key), run.device_key
+        assert run.pid == sweep.driver_pid
+        assert lab.metrics_count(run.id) == 20 and run.steps_completed == 20
+        summary = run.summary
+        assert summary["samples_per_s"] > 0 and math.isfinite(summary["final_loss"])
+        assert summary["steps_completed"] == 20 and summary["param_count"] > 0
+        assert summary["peak_flops"] > 0  # the peak lookup ran on the node
+        # The profiler window's trace and the CPU evidence came back through the actor.
+        trace = lab.run_dir(run.id) / "trace.json.gz"
+        assert trace.stat().st_size > 1000 and summary["trace_path"] == str(trace)
+        assert summary["cpu_evidence"]["verdict"]
+        assert len(lab.read_telemetry(run.id)) > 0
+        log = (lab.run_dir(run.id) / "worker.log").read_text()
+        assert f"[ray task] run {run.id}:" in log and "Ray worker pid" in log
+    matrix = results_matrix(view, "throughput_x")["values"]["mlp"]
+    assert matrix.loc["fp32", 8] == pytest.approx(1.0)
+    rates = {r.config.precision: r.summary["samples_per_s"] for r in view.runs}
+    assert matrix.loc["bf16-amp", 8] == pytest.approx(rates["bf16-amp"] / rates["fp32"])
+
+
+# ---------------------------------------------------------------------------------------
+# stopping: cooperative within the grace period, then ray.cancel(force=True)
+
+LONG = SweepGrid(models="mlp", precisions="fp32", batch_sizes="8", steps=200_000, profile=False)
+
+
+@pytest.mark.timeout(300)
+def test_stopping_ray_runs_ends_their_tasks_cooperatively_or_by_force(ray_address, lab):
+    # Two one-run sweeps at once (one CPU each): one stops by itself, one is cancelled.
+    # A generous grace: on a loaded CI machine the polite stop must not turn into a cancel.
+    polite = create_sweep(LONG, lab, ray_address=ray_address,
+                          ray_options=RayOptions(stop_grace_s=30.0))
+    forced = create_sweep(LONG, lab, ray_address=ray_address,
+                          ray_options=RayOptions(stop_grace_s=0.0))
+    (polite_run,) = lab.get_sweep(polite).run_ids
+    (forced_run,) = lab.get_sweep(forced).run_ids
+    for run_id in (polite_run, forced_run):
+        _wait(lambda: lab.get_run(run_id).status == RUNNING
+              and lab.get_run(run_id).steps_completed >= 5, 120, f"run {run_id} to train")
+
+    started = time.monotonic()
+    run = stop(polite_run, lab)  # what the Live page and `python -m engine stop` call
+    assert run.status == STOPPED, (run.status, run.reason)
+    assert re.fullmatch(r"stopped by request at step \d+", run.reason), run.reason
+    assert time.monotonic() - started < 30
+    assert lab.metrics_count(polite_run) >= 5  # what it trained is kept
+
+    worker_pid = _ray_worker_pid(lab, forced_run)
+    (run,) = stop_sweep(forced, lab)  # what the Sweep page's "Stop sweep" calls
+    assert run.status == STOPPED, (run.status, run.reason)
+    assert "Ray task force-cancelled after 0 s" in run.reason
+    _wait(lambda: not _pid_running(worker_pid), 20, "the cancelled task's Ray worker to exit")
+
+    for sweep_id in (polite, forced):
+        sweep = lab.get_sweep(sweep_id)
+        _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30,
+              f"the driver of {sweep_id} to exit")
+        assert lab.get_sweep(sweep_id).status == SWEEP_DONE
+        assert sweep_view(lab, sweep_id).status == SWEEP_DONE
+
+
+def _ray_worker_pid(store: Store, run_id: str) -> int:
+    log = (store.run_dir(run_id) / "worker.log").read_text()
+    return int(re.search(r"Ray worker pid (\d+)", log).group(1))
+
+
+def _pid_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# a port that answers TCP but is no Ray head
+
+
+@pytest.mark.timeout(120)
+def test_an_address_that_is_not_a_ray_head_fails_the_sweep_with_the_reason(lab):
+    with socket.socket() as listener:  # accepts connections, never speaks Ray's protocol
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        sweep_id = create_sweep(LONG, lab, ray_address=address,
+                                ray_options=RayOptions(connect_timeout_s=3.0))
+        view = wait_sweep(lab, sweep_id, timeout_s=60)
+    (run,) = view.runs
+    assert view.status == SWEEP_FAILED and run.status == FAILED
+    assert run.reason.startswith(f"no Ray cluster answered at {address} within 3 s")
+    assert lab.get_sweep(sweep_id).reason == run.reason
+    sweep = lab.get_sweep(sweep_id)
+    _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 10,
+          "the driver to exit")
+
+
+# ---------------------------------------------------------------------------------------
+# the Sweep page
+
+
+@pytest.mark.timeout(300)
+def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep, lab,
+                                                                  ray_address, monkeypatch):
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(lab.home))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("pages/sweep.py").run()
+    assert not at.exception, at.exception
+    at.selectbox(key="sw_select").set_value(finished_sweep.sweep.id).run()
+    assert not at.exception, at.exception
+    text = " ".join(md.value for md in at.markdown)
+    assert f"on Ray cluster at {ray_address}" in text and "2 finished" in text
+    table = at.dataframe[0].value
+    assert list(table["precision"]) == ["fp32", "bf16-amp"]
+    assert all(re.fullmatch(r"cpu@[0-9.]+", key) for key in table["device"])
+    specs = {}
+    for chart in at.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        specs[spec["layout"]["title"]["text"]] = spec
+    heat = specs["mlp: throughput vs the baseline precision (x), baseline fp32"]["data"][0]
+    assert heat["type"] == "heatmap" and heat["z"][0][0] == pytest.approx(1.0)
+
+    # The Ray part of the form: the cluster is reachable, so nothing is in error.
+    at.radio(key="sw_where").set_value("Ray cluster").run()
+    at.text_input(key="sw_ray_address").set_value(ray_address).run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert any("is reachable" in c.value for c in at.caption)
+    assert not at.button(key="sw_create").disabled
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
