@@ -104,6 +104,10 @@ def find_max_batch(cfg: RunConfig, device_key: str, max_batch: int = 4096,
     from .worker import _memory_cap
 
     max_batch = max(1, min(int(max_batch), MAX_BATCH_SIZE))
+    if cfg.nprocs > 1:
+        # Probes train one process: the answer is the batch per process (each DDP rank
+        # holds a full replica; FSDP2 shards, so its ranks fit at least this much).
+        cfg = dataclasses.replace(cfg, nprocs=1, sharding="ddp", comm_hook="none")
     args = [sys.executable, "-m", "engine.batch_search", cfg.to_json(), device_key,
             str(max_batch), str(max_probes)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

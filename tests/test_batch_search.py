@@ -30,3 +30,13 @@ def test_capped_cpu_search_finds_a_real_limit():
     assert [p["probe"] for p in seen] == [p["batch_size"] for p in result["probes"]]
     failed = [p for p in result["probes"] if not p["fits"]]
     assert failed and all("allocate" in p["reason"] for p in failed)
+
+
+@pytest.mark.timeout(240)
+def test_search_for_a_multi_process_run_measures_the_batch_per_process():
+    # An FSDP2 2-process config: the probes train one process, so they need no ranks.
+    cfg = RunConfig(model="mlp", size="tiny", batch_size=16, nprocs=2, sharding="fsdp2",
+                    precision="bf16-amp", comm_hook="bf16", device="cpu")
+    result = find_max_batch(cfg, "cpu", max_batch=64, max_probes=3)
+    assert result["max_batch_fit"] == 64, result
+    assert all(p["fits"] for p in result["probes"])
