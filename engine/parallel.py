@@ -160,7 +160,7 @@ def run_rank(run_id: str, store: Store, rank: int) -> int:
 
 
 def _train_rank(run, store: Store, ctx: ParallelContext, stop: _StopFlag, step_box: dict) -> int:
-    from .run_analysis import analyze_window
+    from .run_analysis import window_handler
     from .run_stats import finalize_run_data
     from .telemetry import TelemetrySampler
     from .train import Diverged, train
@@ -179,13 +179,7 @@ def _train_rank(run, store: Store, ctx: ParallelContext, stop: _StopFlag, step_b
         if buffer is not None:  # rank 0 alone writes metrics: one row per logged step
             buffer(rows)
 
-    def on_window(window, compute_dtype: str) -> None:
-        try:
-            analyze_window(store, run_id, ctx.device_key, window.trace_path,
-                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
-        except Exception as exc:  # noqa: BLE001 - the analysis must never cost the run
-            traceback.print_exc()
-            store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
+    on_window = window_handler(store, run_id, ctx.device_key)
 
     peak = device_peak(store, run_id, ctx.device_key, cfg) if lead else None
     if peak and ctx.device_key.startswith("cuda"):

@@ -270,17 +270,13 @@ def _train_here(run_id: str, cfg: RunConfig, writer, place: Placement,
 
 
 def _window_handler(run_id: str, place: Placement, remote: RemoteStore, writer, run_dir: Path):
-    def on_window(window, compute_dtype: str) -> None:
-        from .run_analysis import analyze_window
+    from .run_analysis import window_handler
 
-        # On the node: the CPU evidence depends on this node's ISA flags. Like the local
-        # trainer, an analysis failure is recorded, never a reason to fail the run.
-        try:
-            analyze_window(remote, run_id, place.torch_key, window.trace_path,
-                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            remote.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
+    # On the node: the CPU evidence depends on this node's ISA flags.
+    analyze = window_handler(remote, run_id, place.torch_key)
+
+    def on_window(window, compute_dtype: str) -> None:
+        analyze(window, compute_dtype)
         _upload_artifacts(writer, run_id, run_dir, (TRACE_FILENAME, "onednn_verbose.log"))
 
     return on_window

@@ -7,14 +7,29 @@ the step timings (the training loop restarts its interval clock afterwards).
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .store import Store
 
 NO_KERNELS_ERROR = ("the profiler recorded no GPU kernel events on a CUDA run: CUPTI "
                     "probably failed silently (driver/CUPTI mismatch, or profiling not "
                     "permitted for this user); the Tensor-Core verdict is unavailable")
+
+
+def window_handler(store: Store, run_id: str, device_key: str) -> Callable[[Any, str], None]:
+    """The `on_window` callback train() takes: analyse the window that just closed. The
+    analysis must never cost the run: a failure is recorded in the summary, not raised."""
+    def on_window(window, compute_dtype: str) -> None:
+        try:
+            analyze_window(store, run_id, device_key, window.trace_path,
+                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
+            traceback.print_exc()
+            store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
+
+    return on_window
 
 
 def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path | None,

@@ -198,7 +198,7 @@ def run_trainer(run_id: str, store: Store) -> int:
                          f"could not load PyTorch: {str(exc)[:300]}{hint}")
         return 1
 
-    from .run_analysis import analyze_window
+    from .run_analysis import window_handler
     from .telemetry import TelemetrySampler
     from .train import Diverged, train
 
@@ -206,15 +206,7 @@ def run_trainer(run_id: str, store: Store) -> int:
     buffer = MetricBuffer(store, run_id)
     print(f"[trainer] run {run_id}: {cfg.to_json()} on {run.device_key}", flush=True)
 
-    def on_window(window, compute_dtype: str) -> None:
-        # The analysis must never cost the run: a failure is recorded, not raised.
-        try:
-            analyze_window(store, run_id, run.device_key, window.trace_path,
-                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
-        except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
-            traceback.print_exc()
-            store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
-
+    on_window = window_handler(store, run_id, run.device_key)
     peak = device_peak(store, run_id, run.device_key, cfg)
     sampler = TelemetrySampler(run.device_key, lambda rows: store.write_telemetry(run_id, rows))
     sampler.start()
