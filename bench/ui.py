@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     home, info = cached_store(args.runs, args.steps,
                               Path(args.cache_dir) if args.cache_dir else None)
     os.environ["PRECISION_LAB_HOME"] = str(home)  # app.py's get_store() reads it
+    # Renders only: no standby trainer (the app would start one and leave it idling).
+    os.environ["PRECISION_LAB_STANDBY"] = "0"
     run_ids = info["run_ids"]
     live_id = run_ids[0]
     compare_exists = (REPO_ROOT / "pages" / "compare.py").exists()
