@@ -40,8 +40,9 @@ METRICS_FOR_COMPARE = ("step", "wall_time_s", "loss", "step_time_ms", "samples_p
                        "skipped_steps", "loss_scale", "mfu", "achieved_tflops", "phase")
 # Config fields that change the work a step does: when they differ, throughput and
 # memory ratios compare different workloads, and the findings say so first.
+# nprocs multiplies the global batch; sharding and comm_hook are choices to compare.
 WORKLOAD_FIELDS = ("model", "size", "batch_size", "seq_len", "image_size", "device",
-                   "channels_last", "compile")
+                   "channels_last", "compile", "nprocs")
 TRAINING_FIELDS = ("steps", "lr", "optimizer", "weight_decay", "seed", "warmup_steps")
 
 
@@ -223,10 +224,15 @@ def metrics_frames(store: Store, run_ids: Iterable[str],
 
 
 def variant_name(cfg: RunConfig) -> str:
-    """The precision as a person would say it; fp16-amp without its scaler is named so."""
+    """The precision as a person would say it; fp16-amp without its scaler is named so,
+    and a multi-process run adds how it shards and communicates its gradients."""
+    name = cfg.precision
     if cfg.precision == Precision.FP16_AMP.value and not cfg.loss_scaling:
-        return "fp16-amp without loss scaling"
-    return cfg.precision
+        name = "fp16-amp without loss scaling"
+    if cfg.nprocs > 1:
+        comm = "" if cfg.comm_hook == "none" else f", {cfg.comm_hook} gradients"
+        name += f" ({cfg.nprocs}x {cfg.sharding}{comm})"
+    return name
 
 
 def display_names(runs: Iterable[RunRecord]) -> dict[str, str]:
@@ -667,11 +673,12 @@ def default_selection(store: Store, preset_ids: Iterable[str] | None = None) -> 
 
 def _group_key(run: RunRecord) -> tuple:
     cfg = run.config
-    return (cfg.model, cfg.size, cfg.batch_size, run.device_key)
+    return (cfg.model, cfg.size, cfg.batch_size, cfg.nprocs, run.device_key)
 
 
 def _variant_key(run: RunRecord) -> tuple:
-    return (run.config.precision, run.config.uses_grad_scaler)
+    cfg = run.config
+    return (cfg.precision, cfg.uses_grad_scaler, cfg.sharding, cfg.comm_hook)
 
 
 def _exists(store: Store, run_id: str) -> bool:

@@ -11,7 +11,7 @@ import pytest
 
 from _real_runs import record_run, tiny_config, write_rows
 from engine.compare import (BASIS_NON_WARMUP, BASIS_STEADY, config_diff, default_selection,
-                            ema, findings, steady_stats, summary_table)
+                            display_names, ema, findings, steady_stats, summary_table)
 from engine.config import RunConfig
 from engine.store import RunNotFound
 
@@ -259,3 +259,22 @@ def test_active_runs_and_misaligned_tails_are_computed_from_rows(store):
     finalize_run_data(store, live)  # stale from the next write on
     store.write_metrics(live, _long_rows(80.0, 1.0)[10:])
     assert summary_table(store, [base, live]).set_index("run_id").loc[live, "steady_rows"] == 35
+
+
+def test_multi_process_runs_are_named_by_their_communication_and_flagged_by_process_count(store):
+    two = dict(nprocs=2, precision="bf16-amp")
+    rows = _rows(STEADY_BASE, BASE_LOSSES)
+    single = write_rows(store, tiny_config("bf16-amp"), rows)
+    plain = write_rows(store, tiny_config(**two), rows)
+    hooked = write_rows(store, tiny_config(**two, comm_hook="fp16"), rows)
+    sharded = write_rows(store, tiny_config(**two, sharding="fsdp2", comm_hook="bf16"), rows)
+    runs = [store.get_run(i) for i in (single, plain, hooked, sharded)]
+    assert list(display_names(runs).values()) == [
+        "bf16-amp", "bf16-amp (2x ddp)", "bf16-amp (2x ddp, fp16 gradients)",
+        "bf16-amp (2x fsdp2, bf16 gradients)"]
+    table = summary_table(store, [single, plain])
+    notes = findings(table, runs[:2])
+    assert any("Caution: the runs differ in nprocs (1, 2)" in n for n in notes), notes
+    # Same process count, different gradient communication: a comparison, no caution.
+    notes = findings(summary_table(store, [plain, hooked]), runs[1:3])
+    assert not any(n.startswith("Caution") for n in notes), notes
