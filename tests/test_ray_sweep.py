@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install -r requirements-ray.txt)")
 
@@ -141,8 +142,8 @@ def test_a_ray_sweep_finishes_with_metrics_telemetry_traces_and_summaries(finish
     view = finished_sweep
     assert view.status == SWEEP_DONE, [(r.status, r.reason) for r in view.runs]
     sweep = view.sweep
-    _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30,
-          "the driver to exit")
+    wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30, interval_s=0.2,
+             message="the driver to exit")
     sweep = lab.get_sweep(sweep.id)
     assert sweep.backend == SWEEP_RAY and sweep.ray_address == ray_address
     assert sweep.status == SWEEP_DONE  # recorded by the driver itself before it exits
@@ -186,8 +187,9 @@ def test_stopping_ray_runs_ends_their_tasks_cooperatively_or_by_force(ray_addres
     (polite_run,) = lab.get_sweep(polite).run_ids
     (forced_run,) = lab.get_sweep(forced).run_ids
     for run_id in (polite_run, forced_run):
-        _wait(lambda: lab.get_run(run_id).status == RUNNING
-              and lab.get_run(run_id).steps_completed >= 5, 120, f"run {run_id} to train")
+        wait_for(lambda: lab.get_run(run_id).status == RUNNING
+                 and lab.get_run(run_id).steps_completed >= 5, 120, interval_s=0.2,
+                 message=f"run {run_id} to train")
 
     started = time.monotonic()
     run = stop(polite_run, lab)  # what the Live page and `python -m engine stop` call
@@ -200,12 +202,13 @@ def test_stopping_ray_runs_ends_their_tasks_cooperatively_or_by_force(ray_addres
     (run,) = stop_sweep(forced, lab)  # what the Sweep page's "Stop sweep" calls
     assert run.status == STOPPED, (run.status, run.reason)
     assert "Ray task force-cancelled after 0 s" in run.reason
-    _wait(lambda: not _pid_running(worker_pid), 20, "the cancelled task's Ray worker to exit")
+    wait_for(lambda: not _pid_running(worker_pid), 20, interval_s=0.2,
+             message="the cancelled task's Ray worker to exit")
 
     for sweep_id in (polite, forced):
         sweep = lab.get_sweep(sweep_id)
-        _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30,
-              f"the driver of {sweep_id} to exit")
+        wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30, interval_s=0.2,
+                 message=f"the driver of {sweep_id} to exit")
         assert lab.get_sweep(sweep_id).status == SWEEP_DONE
         assert sweep_view(lab, sweep_id).status == SWEEP_DONE
 
@@ -242,8 +245,8 @@ def test_an_address_that_is_not_a_ray_head_fails_the_sweep_with_the_reason(lab):
     assert run.reason.startswith(f"no Ray cluster answered at {address} within 3 s")
     assert lab.get_sweep(sweep_id).reason == run.reason
     sweep = lab.get_sweep(sweep_id)
-    _wait(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 10,
-          "the driver to exit")
+    wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 10, interval_s=0.2,
+             message="the driver to exit")
 
 
 # ---------------------------------------------------------------------------------------
@@ -279,11 +282,3 @@ def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep
     assert not at.error, [e.value for e in at.error]
     assert any("is reachable" in c.value for c in at.caption)
     assert not at.button(key="sw_create").disabled
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from streamlit.testing.v1 import AppTest
 
 from engine.cli import main as cli_main
@@ -284,7 +285,7 @@ def test_form_counts_runs_caps_the_grid_creates_and_stops_a_sweep(home, store, o
     (sweep,) = store.list_sweeps()
     assert len(sweep.run_ids) == 2 and sweep.backend == SWEEP_LOCAL
     first = sweep.run_ids[0]
-    _wait(lambda: store.get_run(first).status == RUNNING, 60, "the first run to start")
+    wait_for(lambda: store.get_run(first).status == RUNNING, 60, interval_s=0.2, message="the first run to start")
     assert store.get_run(sweep.run_ids[1]).status == QUEUED  # one run per device
 
     at.run()
@@ -423,12 +424,4 @@ def _heatmaps(at: AppTest) -> dict[str, dict]:
         spec = json.loads(chart.proto.spec)
         specs[spec["layout"]["title"]["text"]] = spec
     return specs
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
 
