@@ -57,13 +57,16 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                                 help=f"{help_text} Default: {fld.default!r}.")
 
 
+_EXPECTED = {int: "a whole number, e.g. 2", float: "a number, e.g. 0.001"}
+
+
 def _typed(kind: type, flag: str):
     def convert(text: str):
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{flag} {text!r}: expected a {kind.__name__}") from None
+            expected = _EXPECTED.get(kind, f"a {kind.__name__}")
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {expected}") from None
     convert.__name__ = kind.__name__
     return convert
 

@@ -209,5 +209,7 @@ def test_invalid_input_exits_2_with_one_line_naming_the_field(invalid_results, a
         assert "TF32" in lines[0] and "runnable here:" in lines[0] and "fp32" in lines[0]
     if "fp17" in args:
         assert "choose one of fp32, tf32, fp16-amp, bf16-amp, bf16-pure, fp8" in lines[0]
+    if "abc" in args:  # the value, what was expected, and an example
+        assert "'abc': expected a whole number, e.g. 2" in lines[0], lines[0]
     if (home / "precision_lab.sqlite3").exists():
         assert Store(home).list_runs() == [], "invalid input must not create a run"
