@@ -231,7 +231,7 @@ class Store:
     def _migrate(self) -> None:
         try:
             with self.connect() as conn:
-                conn.execute("PRAGMA journal_mode=WAL")
+                _switch_to_wal(conn)
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise StoreError(f"{self.db_path}: written by a newer Precision Lab "
@@ -725,6 +725,34 @@ def _add_telemetry_rank(conn: sqlite3.Connection) -> None:
         if "duplicate column" not in str(exc).lower():
             raise
 # == end of telemetry ranks ==============================================================
+
+
+# How long a first open keeps retrying the switch to WAL while other processes race for it.
+WAL_SWITCH_DEADLINE_S = 30.0
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode, retrying while another process holds a lock.
+
+    Switching needs an exclusive lock. When two processes open a new database at the same
+    moment, both hold a shared lock and ask for the exclusive one; SQLite then answers
+    "database is locked" at once to one of them instead of calling the busy handler
+    (waiting would deadlock), so busy_timeout does not cover this step.
+    """
+    deadline = time.monotonic() + WAL_SWITCH_DEADLINE_S
+    delay_s = 0.005
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return  # already switched (by us earlier or by another process): no lock needed
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.2)
 
 
 def _storage_problem(exc: BaseException) -> str | None:

@@ -238,6 +238,57 @@ def test_concurrent_first_opens_and_creates_get_distinct_queue_positions(home):
     assert seqs == list(range(1, 46))
 
 
+_OPEN_SCRIPT = r"""
+import sys, time
+from engine.store import Store
+home, start_at = sys.argv[1], float(sys.argv[2])
+while time.time() < start_at:
+    pass  # spin, not sleep: the processes should hit SQLite within microseconds of each other
+Store(home)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_many_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
+    # Both sides of the race hold a shared lock and ask for the exclusive one to switch to
+    # WAL; SQLite refuses one at once ("database is locked") without waiting. Before the
+    # retry, about one open in ten failed here.
+    for trial in range(4):
+        home = tmp_path / f"home{trial}"
+        start_at = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_SCRIPT, str(home), str(start_at)],
+                                  cwd=str(REPO_ROOT), stderr=subprocess.PIPE, text=True)
+                 for _ in range(6)]
+        for proc in procs:
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        with Store(home).connect() as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_wal_switch_retries_while_another_connection_holds_the_lock(tmp_path):
+    import threading
+
+    from engine.store import _switch_to_wal
+    db_path = tmp_path / "fresh.sqlite3"
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    # timeout=0: SQLite answers "locked" at once, as it does in the two-shared-locks race.
+    opener = sqlite3.connect(db_path, timeout=0, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        opener.execute("PRAGMA journal_mode=WAL")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    _switch_to_wal(opener)
+    release.join()
+    assert time.monotonic() - started >= 0.25, "switched while the lock was still held?"
+    assert opener.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    opener.close()
+    holder.close()
+
+
 # ---------------------------------------------------------------------------------------
 # metrics
 
