@@ -189,17 +189,26 @@ print(json.dumps(claims))
 """
 
 
-@pytest.mark.timeout(120)
-def test_processes_racing_for_the_device_never_run_two_and_keep_fifo(store, home):
-    run_ids = make_runs(store, 12)
+def run_at_once(script: str, home: Path, count: int) -> list[str]:
+    """Run `count` copies of `script` (argv: home, start time) that all wait for the same
+    moment, so they reach SQLite together; assert each exited 0 and return their stdouts."""
     start_at = time.time() + 2.0  # all processes have imported the store by then
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE_SCRIPT, str(home), str(start_at)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(home), str(start_at)],
                               cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(4)]
-    claims = []
+                              text=True) for _ in range(count)]
+    outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err
+        outputs.append(out)
+    return outputs
+
+
+@pytest.mark.timeout(120)
+def test_processes_racing_for_the_device_never_run_two_and_keep_fifo(store, home):
+    run_ids = make_runs(store, 12)
+    claims = []
+    for out in run_at_once(_RACE_SCRIPT, home, count=4):
         claims += json.loads(out.strip().splitlines()[-1])
     claimed = [c[0] for c in claims]
     assert sorted(claimed) == sorted(run_ids), "every run claimed exactly once"
@@ -224,13 +233,7 @@ for _ in range(15):
 @pytest.mark.timeout(120)
 def test_concurrent_first_opens_and_creates_get_distinct_queue_positions(home):
     # No database yet: the processes also race to create it and switch it to WAL.
-    start_at = time.time() + 2.0
-    procs = [subprocess.Popen([sys.executable, "-c", _CREATE_SCRIPT, str(home), str(start_at)],
-                              cwd=str(REPO_ROOT), stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
-    for proc in procs:
-        _out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, err
+    run_at_once(_CREATE_SCRIPT, home, count=3)
     store = Store(home)
     with store.connect() as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -255,13 +258,7 @@ def test_many_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
     # retry, about one open in ten failed here.
     for trial in range(4):
         home = tmp_path / f"home{trial}"
-        start_at = time.time() + 1.5
-        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_SCRIPT, str(home), str(start_at)],
-                                  cwd=str(REPO_ROOT), stderr=subprocess.PIPE, text=True)
-                 for _ in range(6)]
-        for proc in procs:
-            _out, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err
+        run_at_once(_OPEN_SCRIPT, home, count=6)
         with Store(home).connect() as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
