@@ -91,8 +91,9 @@ def run_config(index: int):
 
 def build_store(home: Path, runs: int, steps: int, seed: int = 0) -> list[str]:
     """Fill a new store at `home` with `runs` finished runs of `steps` logged steps."""
-    from engine.run_stats import finalize_run_data
-    from engine.store import FINISHED, RUNNING, Store
+    from engine.run.finalize import finalize_run_data
+    from engine.schema import FINISHED, RUNNING
+    from engine.store import Store
 
     store = Store(home)
     rng = np.random.default_rng(seed)

@@ -6,10 +6,10 @@ Two ways in, both measured from the moment of the call until a metric row of the
 run is visible to a reader of the store (polled every 10 ms over a fresh connection,
 as the UI reads):
   cli        `python -m engine launch --json ...` as a subprocess (a terminal, CI, a script)
-  in-process `engine.launcher.launch(config, store)` called from this process, which
+  in-process `engine.run.launcher.launch(config, store)` called from this process, which
              has already imported torch and listed the devices, as the Streamlit server
              has by the time someone presses Launch.
-Each way twice: with a standby trainer ready (engine/standby.py: PyTorch already
+Each way twice: with a standby trainer ready (engine/run/standby.py: PyTorch already
 imported; the app starts one and every run's supervisor leaves a new one, so this is
 the usual launch; the bench waits for it to listen before each launch, as a person
 reading the previous run would) and cold (PRECISION_LAB_STANDBY=0: a fresh trainer
@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import (REPO_ROOT, emit_json, machine_info, print_table, spread,
-                           subprocess_env)
+from bench._common import REPO_ROOT, emit_json, machine_info, print_table, spread, subprocess_env
 
 TARGET_S = 2.0
 POLL_S = 0.010
@@ -164,7 +163,7 @@ def breakdown(store, run_id: str, marks: dict[str, float]) -> dict[str, Any]:
 
 
 def stop_run(store, run_id: str) -> None:
-    from engine.launcher import stop
+    from engine.run.launcher import stop
 
     stop(run_id, store)
 
@@ -172,8 +171,8 @@ def stop_run(store, run_id: str) -> None:
 def stop_leftovers(store) -> None:
     """Stop every run still active in our private store (after an error, say): a
     benchmark must not leave trainers behind on a shared machine."""
-    from engine.launcher import stop
-    from engine.store import ACTIVE_STATUSES
+    from engine.run.launcher import stop
+    from engine.schema import ACTIVE_STATUSES
 
     for run in store.list_runs(statuses=ACTIVE_STATUSES):
         try:
@@ -191,7 +190,7 @@ def use_standby(store, on: bool) -> None:
     started (the env var reaches the CLI and the workers through os.environ)."""
     import os
 
-    from engine import standby
+    from engine.run import standby
 
     os.environ[standby.ENABLE_ENV] = "1" if on else "0"
     if not on:
@@ -233,7 +232,7 @@ def cli_launch(home: Path, store) -> dict[str, Any]:
 
 def inprocess_launch(store) -> dict[str, Any]:
     from engine.config import RunConfig
-    from engine.launcher import launch
+    from engine.run.launcher import launch
 
     cfg = RunConfig(**RUN_ARGS)
     seq = max_seq(store.db_path)
@@ -258,8 +257,8 @@ def seed_peak_cache(home: Path) -> float:
     """
     import os
 
-    from engine.devices import get_device
-    from engine.peaks import peak_for
+    from engine.hardware.devices import get_device
+    from engine.hardware.peaks import peak_for
 
     saved = os.environ.get("PRECISION_LAB_HOME")
     os.environ["PRECISION_LAB_HOME"] = str(home)
@@ -281,7 +280,7 @@ def interpreter_start_s(home: Path) -> float:
 
 
 def trainer_phases(home: Path, run_id: str) -> dict[str, Any]:
-    """A fresh process doing what `engine.worker --train` does before its first row,
+    """A fresh process doing what `engine.run.worker --train` does before its first row,
     phase by phase (`python -X importtime`, so the imports can be ranked too)."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "bench.first_point",
                            "--trainer-phases", str(home), run_id],
@@ -310,7 +309,7 @@ def top_level_imports(importtime_stderr: str, top: int = 8) -> dict[str, float]:
 
 
 def run_trainer_phases(home: str, run_id: str) -> None:
-    """The body of `--trainer-phases`: engine.worker.run_trainer's start-up, timed.
+    """The body of `--trainer-phases`: engine.run.session.run_trainer's start-up, timed.
 
     Prints one JSON object: seconds per phase, from the interpreter's start.
     """
@@ -322,19 +321,20 @@ def run_trainer_phases(home: str, run_id: str) -> None:
     def mark(name: str) -> None:
         marks[name] = time.perf_counter()
 
-    import engine.worker as worker  # what `python -m engine.worker` imports first
+    import engine.run.worker  # noqa: F401 - what `python -m engine.run.worker` imports first
+    from engine.run.session import device_peak
     from engine.store import Store
-    mark("import engine.worker (engine.store, pandas)")
+    mark("import engine.run.worker (engine.store, pandas)")
     import torch
     mark("import torch")
-    from engine.run_analysis import analyze_window  # noqa: F401 - as run_trainer does
-    from engine.telemetry import TelemetrySampler
-    from engine.train import Trainer, measure_flops_per_step, train  # noqa: F401
+    from engine.hardware.telemetry import TelemetrySampler
+    from engine.run.window import analyze_window  # noqa: F401 - as run_trainer does
+    from engine.training.loop import Trainer, measure_flops_per_step, train  # noqa: F401
     mark("import run_analysis, telemetry, train")
     store = Store(home)
     run = store.get_run(run_id)
     mark("Store() + get_run")
-    worker.device_peak(store, run_id, "cpu", run.config)
+    device_peak(store, run_id, "cpu", run.config)
     mark("device peak (cached)")
     sampler = TelemetrySampler("cpu", lambda rows: None).start()
     mark("telemetry sampler start")
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401 - the UI process has torch loaded before anyone launches
 
     from engine.config import RunConfig
-    from engine.devices import list_devices
+    from engine.hardware.devices import list_devices
     from engine.store import Store
 
     list_devices()  # as the sidebar device card has done in the UI process
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             probes = [trainer_phases(home, probe_id) for _ in range(args.phase_repeats)]
         finally:
             stop_leftovers(store)
-            from engine import standby
+            from engine.run import standby
 
             standby.shutdown(home)
     elapsed_s = time.monotonic() - started

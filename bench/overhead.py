@@ -3,8 +3,8 @@
     python -m bench.overhead [--model gpt --size tiny --precision fp32 --batch-size 16]
         [--device auto --log-interval 1 --rounds 10 --threads N] [--json]
 
-The instrumented side is the real thing: `engine.train.train` with a store-backed
-`emit` (a real `engine.worker.MetricBuffer` on a temporary Store, flushing to SQLite
+The instrumented side is the real thing: `engine.training.loop.train` with a store-backed
+`emit` (a real `engine.run.session.MetricBuffer` on a temporary Store, flushing to SQLite
 every 0.5 s) and a real `TelemetrySampler` thread writing telemetry rows, profiler off
 (the issue excludes the profiler window). It is run at `--log-interval` (default 1:
 one host sync and one metric row per step) and at log_interval 10.
@@ -140,9 +140,9 @@ def bare_step_fn(cfg, device) -> Callable[[], None]:
     import torch
     import torch.nn.functional as F
 
-    from engine.data import SyntheticTask
-    from engine.models import build_model
-    from engine.precision import cast_inputs, make_plan, prepare_model
+    from engine.training.data import SyntheticTask
+    from engine.training.models import build_model
+    from engine.training.precision import cast_inputs, make_plan, prepare_model
 
     torch.manual_seed(cfg.seed)
     plan = make_plan(cfg, device)
@@ -243,21 +243,22 @@ class Variant:
 
 def instrumented_run(variant: Variant, device_key: str, store, clock,
                      flush_interval_s: float | None = None) -> dict[str, Any]:
-    """engine.train.train as the worker calls it: MetricBuffer emit + TelemetrySampler.
+    """engine.training.loop.train as the worker calls it: MetricBuffer emit + TelemetrySampler.
 
     `clock` (a Window or an Interleaved) is called at the start of every step from the
     `should_stop` hook, which train() calls first thing in each step.
     `flush_interval_s` stretches MetricBuffer's 0.5 s (pairing=steps, see main()).
     """
-    import engine.worker as worker
-    from engine.store import FINISHED
-    from engine.telemetry import TelemetrySampler
-    from engine.train import train
+    import engine.run.session as session
+    from engine.hardware.telemetry import TelemetrySampler
+    from engine.run.session import MetricBuffer
+    from engine.schema import FINISHED
+    from engine.training.loop import train
 
     cfg = variant.cfg
     run_id = store.create_run(cfg, device_key, "bench.overhead")
     store.set_status(run_id, "running")
-    buffer = worker.MetricBuffer(store, run_id)
+    buffer = MetricBuffer(store, run_id)
     flush_ms: list[float] = []
     real_flush = buffer.flush
 
@@ -281,16 +282,16 @@ def instrumented_run(variant: Variant, device_key: str, store, clock,
         calls[0] += 1
         return clock.at_step_start(calls[0])
 
-    saved_interval = worker.FLUSH_INTERVAL_S
+    saved_interval = session.FLUSH_INTERVAL_S
     if flush_interval_s is not None:
-        worker.FLUSH_INTERVAL_S = flush_interval_s  # read by MetricBuffer at every call
+        session.FLUSH_INTERVAL_S = flush_interval_s  # read by MetricBuffer at every call
     sampler.start()
     try:
         result = train(cfg, device_key, emit=emit, should_stop=should_stop,
                        run_dir=store.run_dir(run_id), peak_flops=1e12)
     finally:
         sampler.stop()
-        worker.FLUSH_INTERVAL_S = saved_interval
+        session.FLUSH_INTERVAL_S = saved_interval
     buffer.close()
     store.set_status(run_id, FINISHED)
     if isinstance(clock, Interleaved):
@@ -379,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.config import RunConfig
-    from engine.devices import resolve_device_key
+    from engine.hardware.devices import resolve_device_key
     from engine.store import Store
-    from engine.train import resolve_torch_device
+    from engine.training.loop import resolve_torch_device
 
     device_key = resolve_device_key(args.device)
     device = resolve_torch_device(device_key)

@@ -11,7 +11,7 @@ all its 16 values), by 1 and by 4 writer processes at once:
   batch-kept the same over one connection the writer keeps open (`conn=`): what the
              suggested MetricBuffer change would give.
   buffer     each pushes a row every 0.5 ms (a fast model logging every step) through a
-             real `engine.worker.MetricBuffer` (a flush every 0.5 s): does the store keep
+             real `engine.run.session.MetricBuffer` (a flush every 0.5 s): does the store keep
              up, and how long does a flush stall the training loop.
 While they write, this process polls `read_metrics(run, after_step=last_seen)` on the
 first writer's run (the Live page's incremental read) and records its latency.
@@ -22,8 +22,8 @@ once and cached (see bench/_dataset.py), median of `--repeats`:
            the same with columns=["loss"], the incremental read after the last step,
            read_telemetry(run).
   Compare  read_metrics(run, max_points=2000, columns=["loss", "samples_per_s"]) for
-           every run; engine.compare.metrics_frames for all runs at the page's points
-           per run (the page's charts); engine.compare.summary_table for all runs (the
+           every run; engine.analysis.compare.metrics_frames for all runs at the page's points
+           per run (the page's charts); engine.analysis.compare.summary_table for all runs (the
            page's table: finished runs' stored comparison stats, no metric rows).
   what-if  reading 2000 stored rows: what a precomputed per-run overview would cost.
 The Live read is split into SQL fetch, DataFrame build and downsampling. The first
@@ -42,8 +42,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench._common import (REPO_ROOT, emit_json, machine_info, percentile, print_table,
-                           spread, subprocess_env)
+from bench._common import (
+    REPO_ROOT,
+    emit_json,
+    machine_info,
+    percentile,
+    print_table,
+    spread,
+    subprocess_env,
+)
 
 TARGET_POINTS_PER_S = 50_000.0
 TARGET_READ_MS = 100.0
@@ -69,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=None,
                         help="where the built store is cached (default: <tmp>/precision_lab_bench)")
     parser.add_argument("--skip-summary-table", action="store_true",
-                        help="leave out engine.compare.summary_table")
+                        help="leave out engine.analysis.compare.summary_table")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 3 runs x 5k steps, 0.5 s write phases, 2 repeats")
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
@@ -110,7 +117,7 @@ def run_writer(home: str) -> None:
 
 def _write(store, pool: list[dict], mode: str, run_id: str, start_file: Path,
            duration_s: float) -> dict[str, Any]:
-    from engine.worker import MetricBuffer
+    from engine.run.session import MetricBuffer
 
     while not start_file.exists():
         time.sleep(0.001)
@@ -255,8 +262,8 @@ def read_split(store, run_id: str, columns: list[str] | None, repeats: int) -> d
     """One downsampled read split into SQL fetch, DataFrame build and downsampling (ms)."""
     import pandas as pd
 
-    from engine.downsample import downsample_minmax
-    from engine.store import METRIC_COLUMNS
+    from engine.schema import METRIC_COLUMNS
+    from engine.store.downsample import downsample_minmax
 
     wanted = list(columns) if columns else list(METRIC_COLUMNS)
     selected = ["step"] + [c for c in wanted if c != "step"]
@@ -283,9 +290,14 @@ def read_phase(home: Path, run_ids: list[str], repeats: int,
                with_summary_table: bool) -> dict[str, Any]:
     import pandas as pd
 
-    from engine.compare import (METRICS_FOR_CHARTS, chart_points_per_run, metrics_frames,
-                                summary_table)
-    from engine.store import METRIC_COLUMNS, Store
+    from engine.analysis.compare import (
+        METRICS_FOR_CHARTS,
+        chart_points_per_run,
+        metrics_frames,
+        summary_table,
+    )
+    from engine.schema import METRIC_COLUMNS
+    from engine.store import Store
 
     store = Store(home)
     live = run_ids[0]

@@ -19,12 +19,24 @@ class ConfigError(ValueError):
 
     def __init__(self, field_name: str, value: Any, fix: str):
         self.field = field_name
-        self.value = value
+        self.value = value.value if isinstance(value, Enum) else value  # as the user typed it
         self.fix = fix
         super().__init__(f"{field_name}={value!r}: {fix}")
 
 
-class Precision(str, Enum):
+class Choice(str, Enum):
+    """A closed set of string choices. A member is its value: it compares, hashes, formats
+    and serialises (JSON, SQLite) as the plain string, so `cfg.precision == "fp32"` and
+    f"{cfg.precision}" read as before while the field is typed."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Precision(Choice):
     FP32 = "fp32"
     TF32 = "tf32"
     FP16_AMP = "fp16-amp"
@@ -35,6 +47,12 @@ class Precision(str, Enum):
     @property
     def label(self) -> str:
         return PRECISION_LABELS[self]
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype this mode's matrix work runs in: keys the peak table and the
+        Tensor-Core verdict (fp32 | tf32 | fp16 | bf16 | fp8)."""
+        return COMPUTE_DTYPES[self]
 
 
 PRECISION_LABELS = {
@@ -47,34 +65,46 @@ PRECISION_LABELS = {
 }
 
 
-class ModelName(str, Enum):
+# Precision mode -> the dtype its matmuls run in (docs/precision-reference.md#precision-modes).
+COMPUTE_DTYPES = {
+    Precision.FP32: "fp32", Precision.TF32: "tf32", Precision.FP16_AMP: "fp16",
+    Precision.BF16_AMP: "bf16", Precision.BF16_PURE: "bf16", Precision.FP8: "fp8",
+}
+
+
+class ModelName(Choice):
     MLP = "mlp"
     RESNET = "resnet"
     GPT = "gpt"
 
 
-class ModelSize(str, Enum):
+class ModelSize(Choice):
     TINY = "tiny"
     SMALL = "small"
     MEDIUM = "medium"
 
 
-class OptimizerName(str, Enum):
+class OptimizerName(Choice):
     ADAMW = "adamw"
     SGD = "sgd"
 
 
-class Sharding(str, Enum):
+class Sharding(Choice):
     """How a multi-process run spreads the model (RunConfig.nprocs > 1)."""
     DDP = "ddp"
     FSDP2 = "fsdp2"
 
 
-class CommHook(str, Enum):
+class CommHook(Choice):
     """The dtype gradients travel in between processes (RunConfig.nprocs > 1)."""
     NONE = "none"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+def compute_dtype_for(precision: str) -> str:
+    """Precision mode (member or value) -> the dtype its matrix work runs in."""
+    return Precision(precision).compute_dtype
 
 
 def choices(enum_type: type[Enum]) -> list[str]:
@@ -88,6 +118,35 @@ MAX_SEQ_LEN = 8_192
 MAX_IMAGE_SIZE = 512
 # The machine's own limit (GPUs, CPU cores) is checked by devices.check_runnable.
 MAX_NPROCS = 64
+# (lowest, highest, what to give) of every numeric field: RunConfig's checks and the UI's
+# inputs both read these, so a bound is changed in one place.
+INT_BOUNDS: dict[str, tuple[int, int, str]] = {
+    "batch_size": (1, MAX_BATCH_SIZE, "a positive batch size, e.g. 16"),
+    "steps": (1, MAX_STEPS, "a step count between 1 and 1000000"),
+    "seq_len": (2, MAX_SEQ_LEN, "a sequence length between 2 and 8192"),
+    "image_size": (8, MAX_IMAGE_SIZE, "an image size between 8 and 512"),
+    "grad_scaler_growth_interval": (1, 10**7, "a positive interval, e.g. 2000"),
+    "log_interval": (1, 10_000, "log every 1..10000 steps"),
+    "warmup_steps": (0, MAX_STEPS, "0 or more warm-up steps"),
+    "profile_steps": (1, 50, "a profiler window of 1..50 steps"),
+    "memory_cap_mb": (0, 10**8, "0 (no cap) or a cap in MiB, e.g. 4096"),
+    "seed": (0, 2**31 - 1, "a seed between 0 and 2**31-1"),
+    "nprocs": (1, MAX_NPROCS, f"1 process, or 2..{MAX_NPROCS} for a multi-process run"),
+}
+FLOAT_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "lr": (0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3"),
+    "weight_decay": (0.0, 1.0, "a weight decay in [0, 1]"),
+    "grad_scaler_init_scale": (0.0, 2.0**32, "a positive initial loss scale, e.g. 65536"),
+}
+OPEN_LOW_BOUNDS = frozenset({"lr", "grad_scaler_init_scale"})  # the lowest value itself is refused
+
+
+def bounds(field_name: str) -> tuple[int | float, int | float]:
+    """(lowest, highest) a numeric RunConfig field accepts."""
+    low, high, _fix = INT_BOUNDS.get(field_name) or FLOAT_BOUNDS[field_name]
+    return low, high
+
+
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d{1,2})?)$")
 _NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
 
@@ -96,11 +155,11 @@ _NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
 class RunConfig:
     """Everything that defines one training run. Units are in the field names or docs."""
 
-    model: str = ModelName.GPT.value
+    model: ModelName = ModelName.GPT
     """Model family: mlp | resnet | gpt."""
-    size: str = ModelSize.TINY.value
+    size: ModelSize = ModelSize.TINY
     """tiny (seconds on 2 CPU cores) | small | medium (about GPT-2 small, 124M; for GPUs)."""
-    precision: str = Precision.FP32.value
+    precision: Precision = Precision.FP32
     """Precision mode, see `Precision`."""
     batch_size: int = 16
     """Samples per optimizer step (sequences for gpt, images for resnet)."""
@@ -108,7 +167,7 @@ class RunConfig:
     """Optimizer steps to run."""
     lr: float = 3e-3
     """Peak learning rate (constant after a linear warm-up of `warmup_steps`)."""
-    optimizer: str = OptimizerName.ADAMW.value
+    optimizer: OptimizerName = OptimizerName.ADAMW
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "auto"
@@ -126,11 +185,11 @@ class RunConfig:
     run's device), gloo processes on a CPU. batch_size is per process: the global batch is
     batch_size x nprocs. Rank 0 records the metrics (loss averaged over the ranks,
     throughput summed)."""
-    sharding: str = Sharding.DDP.value
+    sharding: Sharding = Sharding.DDP
     """nprocs > 1: ddp (each process holds the whole model, gradients are all-reduced) |
     fsdp2 (parameters, gradients and optimizer state sharded with torch's fully_shard; its
     MixedPrecisionPolicy follows the precision mode)."""
-    comm_hook: str = CommHook.NONE.value
+    comm_hook: CommHook = CommHook.NONE
     """nprocs > 1: the dtype gradients are communicated in. none (fp32; bf16-pure: bf16) |
     fp16 | bf16. ddp: DDP's fp16_compress_hook / bf16_compress_hook; fsdp2: the policy's
     reduce_dtype."""
@@ -158,22 +217,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self._coerce_enums()
-        _check_int(self, "batch_size", 1, MAX_BATCH_SIZE, "a positive batch size, e.g. 16")
-        _check_int(self, "steps", 1, MAX_STEPS, "a step count between 1 and 1000000")
-        _check_int(self, "seq_len", 2, MAX_SEQ_LEN, "a sequence length between 2 and 8192")
-        _check_int(self, "image_size", 8, MAX_IMAGE_SIZE, "an image size between 8 and 512")
-        _check_int(self, "grad_scaler_growth_interval", 1, 10**7, "a positive interval, e.g. 2000")
-        _check_int(self, "log_interval", 1, 10_000, "log every 1..10000 steps")
-        _check_int(self, "warmup_steps", 0, MAX_STEPS, "0 or more warm-up steps")
-        _check_int(self, "profile_steps", 1, 50, "a profiler window of 1..50 steps")
-        _check_int(self, "memory_cap_mb", 0, 10**8, "0 (no cap) or a cap in MiB, e.g. 4096")
-        _check_int(self, "seed", 0, 2**31 - 1, "a seed between 0 and 2**31-1")
-        _check_int(self, "nprocs", 1, MAX_NPROCS,
-                   f"1 process, or 2..{MAX_NPROCS} for a multi-process run")
-        _check_float(self, "lr", 0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3", open_low=True)
-        _check_float(self, "weight_decay", 0.0, 1.0, "a weight decay in [0, 1]")
-        _check_float(self, "grad_scaler_init_scale", 0.0, 2.0**32,
-                     "a positive initial loss scale, e.g. 65536", open_low=True)
+        for name, (low, high, fix) in INT_BOUNDS.items():
+            _check_int(self, name, low, high, fix)
+        for name, (low, high, fix) in FLOAT_BOUNDS.items():
+            _check_float(self, name, low, high, fix, open_low=name in OPEN_LOW_BOUNDS)
         for flag in ("channels_last", "compile", "loss_scaling", "profile", "numerics"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, getattr(self, flag), "true or false")
@@ -220,13 +267,13 @@ class RunConfig:
             if value not in choices(enum_type):
                 raise ConfigError(field_name, value,
                                   f"unknown {noun}; choose one of {', '.join(choices(enum_type))}")
-            # frozen dataclass: normalise enum members to their plain string value.
-            object.__setattr__(self, field_name, value)
+            # frozen dataclass: a plain string given by a caller becomes the enum member.
+            object.__setattr__(self, field_name, enum_type(value))
 
     # -- convenience views -------------------------------------------------------------
     @property
     def precision_mode(self) -> Precision:
-        return Precision(self.precision)
+        return self.precision
 
     @property
     def uses_grad_scaler(self) -> bool:
@@ -242,7 +289,9 @@ class RunConfig:
 
     # -- JSON round trip ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON types: enum members as their string values."""
+        return {key: value.value if isinstance(value, Enum) else value
+                for key, value in dataclasses.asdict(self).items()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

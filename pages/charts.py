@@ -5,6 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.analysis.live import steady_median
+from engine.schema import PROFILE
+
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300,
                # Legend top right, clear of the title on the left.
                legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
@@ -21,7 +24,7 @@ def _shade_profile_window(fig: go.Figure, frame: pd.DataFrame) -> None:
     """Grey band over the profiler window: those steps are slower on purpose."""
     if "phase" not in frame or frame.empty:
         return
-    window = frame.loc[frame["phase"] == "profile", "step"]
+    window = frame.loc[frame["phase"] == PROFILE, "step"]
     if not window.empty:
         fig.add_vrect(x0=window.min() - 0.5, x1=window.max() + 0.5, fillcolor="grey",
                       opacity=0.15, line_width=0, annotation_text="profiler",
@@ -38,10 +41,10 @@ def loss_figure(frame: pd.DataFrame, name: str = "loss") -> go.Figure:
 def throughput_figure(frame: pd.DataFrame, column: str, unit: str) -> go.Figure:
     fig = _figure(f"Throughput ({unit}/s)", "step", f"{unit}/s")
     fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=f"{unit}/s"))
-    steady = frame.loc[frame["phase"] == "steady", column].dropna() if "phase" in frame else []
-    if len(steady):
-        fig.add_hline(y=float(steady.median()), line_dash="dot",
-                      annotation_text=f"steady median {steady.median():,.0f}",
+    median = steady_median(frame, column)
+    if median is not None:
+        fig.add_hline(y=median, line_dash="dot",
+                      annotation_text=f"steady median {median:,.0f}",
                       annotation_position="bottom left",
                       annotation_bgcolor="rgba(255,255,255,0.8)")
     _shade_profile_window(fig, frame)

@@ -1,25 +1,35 @@
 """Compare: overlaid charts, a summary table against a baseline, the config diff,
 plain-language findings, an HTML report and, where recorded, the numerics view.
 
-Everything numeric comes from engine.compare / engine.report / engine.numerics; this
+Everything numeric comes from engine.analysis.compare / engine.report / engine.training.numerics; this
 page only picks runs, draws and launches the demo preset.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pandas as pd
 import streamlit as st
 
-from engine.compare import (chart_points_per_run, config_diff, default_baseline,
-                            default_selection, display_names, findings, metrics_frames,
-                            steady_medians, summary_table)
-from engine.config import ConfigError, RunConfig
-from engine.launcher import launch, reconcile
-from engine.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
-from engine.report import X_STEP, X_WALL, build_html, comparison_figures
+from engine.analysis.compare import (
+    chart_points_per_run,
+    config_diff,
+    default_baseline,
+    default_selection,
+    display_names,
+    findings,
+    metrics_frames,
+    steady_medians,
+    summary_table,
+)
+from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
+from engine.config import ConfigError
+from engine.presets import NUMERICS_DEMO_BASE as DEMO
+from engine.presets import launch_many, numerics_demo_configs
+from engine.report.figures import X_STEP, X_WALL, comparison_figures
+from engine.report.html import build_html
+from engine.run.launcher import reconcile
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.ui import ensure_app_shell, get_store, status_badge
 
@@ -28,49 +38,22 @@ ensure_app_shell()  # before drawing anything: see pages/ui.py
 PRESET_KEY = "preset_run_ids"  # written by the Launch page's comparison preset
 RUNS_KEY, SEEN_PRESET_KEY, BASELINE_KEY = "compare_runs", "compare_seen_preset", "compare_baseline"
 
-# The demo: a tiny MLP whose activation gradients fall below fp16's range as it learns.
-# batch 512 and lr 1e-2 make it converge within 60 steps; confident predictions have
-# tiny gradients. Measured on a CPU here with the engine.numerics probe: at steps 30 and
-# 60 about 37 % of the activation gradients were exact zeros in fp16 without loss
-# scaling, about 9 % with the GradScaler (scale 65536), 0.02 % in bf16 (0.5 % at
-# step 1). The final losses agreed within noise: on a model this small, with AdamW,
-# the gradients that vanish are the ones that barely mattered.
-DEMO_BASE = RunConfig(model="mlp", size="tiny", batch_size=512, lr=0.01, steps=60)
-DEMO_VARIANTS = (  # (precision, loss_scaling, label); the first is the baseline
-    ("fp16-amp", True, "demo fp16-amp (loss scaling)"),
-    ("fp16-amp", False, "demo fp16 without loss scaling"),
-    ("bf16-amp", True, "demo bf16-amp"),
-)
-
 store = get_store()
 reconcile(store)
 all_runs = store.list_runs(limit=500)
 by_id = {run.id: run for run in all_runs}
 
 
-def demo_configs() -> list[RunConfig]:
-    """The demo runs; numerics capture is switched on where RunConfig offers it."""
-    has_numerics = any(f.name == "numerics" for f in dataclasses.fields(RunConfig))
-    extra = {"numerics": True} if has_numerics else {}
-    return [DEMO_BASE.replace(precision=precision, loss_scaling=scaling, name=label, **extra)
-            for precision, scaling, label in DEMO_VARIANTS]
-
-
 def demo_button(key: str) -> None:
     if st.button("Launch demo: fp16 without loss scaling vs fp16-amp vs bf16-amp", key=key,
-                 help=f"Queues three {DEMO_BASE.model}-{DEMO_BASE.size} runs (batch "
-                      f"{DEMO_BASE.batch_size}, lr {DEMO_BASE.lr:g}, {DEMO_BASE.steps} steps) "
+                 help=f"Queues three {DEMO.model}-{DEMO.size} runs (batch "
+                      f"{DEMO.batch_size}, lr {DEMO.lr:g}, {DEMO.steps} steps) "
                       "one after another on this device."):
-        from engine.devices import check_runnable
-
         try:
-            configs = demo_configs()
-            for cfg in configs:  # all or nothing
-                check_runnable(cfg)
+            st.session_state[PRESET_KEY] = launch_many(numerics_demo_configs(), store)
         except ConfigError as exc:
             st.error(f"Demo not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
             return
-        st.session_state[PRESET_KEY] = [launch(cfg, store) for cfg in configs]
         st.rerun()
 
 
@@ -248,8 +231,8 @@ numerics_section()
 
 with st.expander("Demo: fp16 without loss scaling vs fp16-amp vs bf16-amp"):
     st.markdown(
-        f"Three {DEMO_BASE.model}-{DEMO_BASE.size} runs, batch {DEMO_BASE.batch_size}, "
-        f"lr {DEMO_BASE.lr:g}, {DEMO_BASE.steps} steps. As the model grows confident its "
+        f"Three {DEMO.model}-{DEMO.size} runs, batch {DEMO.batch_size}, "
+        f"lr {DEMO.lr:g}, {DEMO.steps} steps. As the model grows confident its "
         "activation gradients shrink below fp16's smallest subnormal (6e-8): without loss "
         "scaling they become exact zeros; a GradScaler (×65536) keeps most of them "
         "representable; bf16 (fp32's exponent range) does not underflow at all. On a CPU, fp16 is usually emulated "

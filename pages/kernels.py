@@ -10,8 +10,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
+from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
-from engine.train import TRACE_FILENAME
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -27,7 +28,7 @@ store = get_store()
 @st.cache_data(show_spinner="Analysing the trace...", max_entries=16)
 def analyze(path: str, mtime_ns: int) -> dict:
     """Cached per file version: re-analysing a 100 MB trace on every rerun is not an option."""
-    from engine.traces import analyze_trace
+    from engine.analysis.traces import analyze_trace
 
     return analyze_trace(path)
 
@@ -79,19 +80,15 @@ def gpu_report(result: dict) -> None:
 
 
 def cpu_report(evidence: dict) -> None:
-    native = evidence["verdict"] in ("AMX tiles", "native bf16 dot products (avx512_core_bf16)",
-                                     "native fp16 arithmetic (avx512_core_fp16)")
-    (st.success if native else st.info if evidence["verdict"] in ("not applicable", "unknown")
-     else st.warning)(f"**CPU matrix unit: {evidence['headline']}**")
+    show = {"native": st.success, "neutral": st.info}.get(verdict_tone(evidence["verdict"]),
+                                                           st.warning)
+    show(f"**CPU matrix unit: {evidence['headline']}**")
     st.caption("CPU runs have no GPU kernels; the CPU's evidence is which oneDNN implementation "
                "(and so which ISA) ran each matrix primitive during the profiler window.")
     primitives = evidence.get("primitives") or []
     if primitives:
-        frame = pd.DataFrame(primitives)
-        summary = (frame.groupby(["kind", "src_dtype", "implementation"], dropna=False)
-                   .agg(count=("kind", "size"), exec_ms=("exec_ms", "sum")).reset_index()
-                   .sort_values("exec_ms", ascending=False))
-        st.dataframe(summary, hide_index=True, key="onednn_primitives")
+        st.dataframe(pd.DataFrame(primitive_summary(primitives)), hide_index=True,
+                     key="onednn_primitives")
     else:
         st.caption("oneDNN recorded no matrix primitive in the window.")
 
@@ -109,7 +106,7 @@ if source == "Upload a trace file":
         with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as handle:
             handle.write(upload.getbuffer())
         try:
-            from engine.traces import analyze_trace
+            from engine.analysis.traces import analyze_trace
 
             gpu_report(analyze_trace(handle.name))
         except (ValueError, OSError) as exc:

@@ -6,17 +6,28 @@ import os
 
 import streamlit as st
 
-from engine.config import (CommHook, ConfigError, ModelName, ModelSize, OptimizerName,
-                           Precision, PRECISION_LABELS, RunConfig, Sharding, choices, field_doc)
-from engine.devices import UNSUPPORTED, mode_support
-from engine.distributed import check_parallel, max_procs_for
-from engine.launcher import launch
+from engine.admission import check_parallel, max_procs_for
+from engine.config import (
+    PRECISION_LABELS,
+    CommHook,
+    ConfigError,
+    ModelName,
+    ModelSize,
+    OptimizerName,
+    Precision,
+    RunConfig,
+    Sharding,
+    bounds,
+    choices,
+    field_doc,
+)
+from engine.hardware.devices import UNSUPPORTED, mode_support
+from engine.presets import COMPARISON_PRESET, launch_many
 from engine.store import StoreError
 from pages.ui import MODE_ICONS, cached_devices, ensure_app_shell, get_store, open_in_live
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
-COMPARISON_PRESET = (Precision.FP32.value, Precision.FP16_AMP.value, Precision.BF16_AMP.value)
 DEFAULTS = RunConfig()
 
 st.title("Launch a run")
@@ -45,22 +56,22 @@ with left:
         index=choices(Precision).index(DEFAULTS.precision),
         format_func=lambda m: f"{MODE_ICONS[support[m].status]} {PRECISION_LABELS[Precision(m)]}"
         + (" (not on this device)" if support[m].status == UNSUPPORTED else ""))
-    batch_size = st.number_input("Batch size", min_value=1, max_value=65536, step=1,
+    batch_size = st.number_input("Batch size", *bounds("batch_size"), step=1,
                                  value=DEFAULTS.batch_size, key="batch_size",
                                  help=field_doc("batch_size"))
-    steps = st.number_input("Steps", min_value=1, max_value=1_000_000, step=10,
+    steps = st.number_input("Steps", *bounds("steps"), step=10,
                             value=DEFAULTS.steps, key="steps", help=field_doc("steps"))
 with right:
-    lr = st.number_input("Learning rate", min_value=0.0, max_value=10.0, value=DEFAULTS.lr,
+    lr = st.number_input("Learning rate", *bounds("lr"), value=DEFAULTS.lr,
                          format="%.5f", step=1e-4, key="lr", help=field_doc("lr"))
     optimizer = st.selectbox("Optimizer", choices(OptimizerName), key="optimizer")
-    seed = st.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="seed")
+    seed = st.number_input("Seed", *bounds("seed"), value=0, step=1, key="seed")
     seq_len, image_size, channels_last = DEFAULTS.seq_len, DEFAULTS.image_size, False
     if model == ModelName.GPT.value:
-        seq_len = st.number_input("Sequence length (tokens)", min_value=2, max_value=8192,
+        seq_len = st.number_input("Sequence length (tokens)", *bounds("seq_len"),
                                   value=DEFAULTS.seq_len, step=8, key="seq_len")
     if model == ModelName.RESNET.value:
-        image_size = st.number_input("Image size (px)", min_value=8, max_value=512,
+        image_size = st.number_input("Image size (px)", *bounds("image_size"),
                                      value=DEFAULTS.image_size, step=8, key="image_size")
         channels_last = st.checkbox("channels_last memory format", key="channels_last",
                                     help=field_doc("channels_last"))
@@ -94,28 +105,32 @@ if single_process:
 with st.expander("Loss scaling, logging and profiling"):
     loss_scaling = st.checkbox("Loss scaling (GradScaler) for fp16-amp", value=True,
                                key="loss_scaling", help=field_doc("loss_scaling"))
-    init_scale = st.number_input("GradScaler initial scale", min_value=1.0, max_value=2.0**32,
+    init_scale = st.number_input("GradScaler initial scale", min_value=1.0,
+                                 max_value=bounds("grad_scaler_init_scale")[1],
                                  value=DEFAULTS.grad_scaler_init_scale, key="init_scale")
-    growth_interval = st.number_input("GradScaler growth interval (steps)", min_value=1,
+    growth_interval = st.number_input("GradScaler growth interval (steps)",
+                                      *bounds("grad_scaler_growth_interval"),
                                       value=DEFAULTS.grad_scaler_growth_interval, key="growth")
-    log_interval = st.number_input("Log every N steps", min_value=1, max_value=10_000,
+    log_interval = st.number_input("Log every N steps", *bounds("log_interval"),
                                    value=DEFAULTS.log_interval, key="log_interval",
                                    help=field_doc("log_interval"))
-    warmup_steps = st.number_input("Warm-up steps (excluded from averages)", min_value=0,
+    warmup_steps = st.number_input("Warm-up steps (excluded from averages)",
+                                   *bounds("warmup_steps"),
                                    value=DEFAULTS.warmup_steps, key="warmup_steps")
     profile = st.checkbox("Profile a window of steps (kernel breakdown)", value=True,
                           key="profile", help=field_doc("profile"))
-    profile_steps = st.number_input("Profiler window (steps)", min_value=1, max_value=50,
+    profile_steps = st.number_input("Profiler window (steps)", *bounds("profile_steps"),
                                     value=DEFAULTS.profile_steps, key="profile_steps")
     numerics = st.checkbox("Record numerics (gradient/activation ranges vs fp16/bf16)",
                            value=False, key="numerics", help=field_doc("numerics"))
-    memory_cap_mb = st.number_input("CPU memory cap (MiB, 0 = none)", min_value=0,
+    memory_cap_mb = st.number_input("CPU memory cap (MiB, 0 = none)",
+                                    *bounds("memory_cap_mb"),
                                     value=0, key="memory_cap_mb", help=field_doc("memory_cap_mb"))
     name = st.text_input("Label (optional)", max_chars=80, key="name")
 
 chosen = support[precision]
 if precision == Precision.FP8.value:
-    from engine.peaks import fp8_advice
+    from engine.hardware.peaks import fp8_advice
 
     try:
         advice = fp8_advice(RunConfig(model=model, size=size, precision=precision,
@@ -167,16 +182,10 @@ parallel_error = parallel_problem()
 def launch_all(precisions: tuple[str, ...]) -> list[str]:
     """Validate every config first, so a preset launches all of its runs or none."""
     try:
-        configs = [build_config(p) for p in precisions]
-        from engine.devices import check_runnable
-
-        for cfg in configs:
-            check_runnable(cfg)
+        return launch_many([build_config(p) for p in precisions], store)
     except ConfigError as exc:
         st.error(f"Not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
         return []
-    try:
-        return [launch(cfg, store) for cfg in configs]
     except StoreError as exc:
         st.error(f"Not launched: {exc}")
         return []

@@ -9,14 +9,23 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.downsample import downsample_minmax
-from engine.launcher import read_log_tail, reconcile, stop
-from engine.ray_driver import is_ray_run
+from engine.analysis.cpu_evidence import verdict_tone
+from engine.analysis.live import eta_s, live_headline
+from engine.cluster.ray_runs import is_ray_run
+from engine.run.launcher import read_log_tail, reconcile, stop
+from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
+from engine.store.downsample import downsample_minmax
 from pages import charts
-from pages.ui import (LIVE_RUN_KEY, fmt_bytes, fmt_duration, fmt_num, get_store, status_badge)
-
-from pages.ui import ensure_app_shell
+from pages.ui import (
+    LIVE_RUN_KEY,
+    ensure_app_shell,
+    fmt_bytes,
+    fmt_duration,
+    fmt_num,
+    get_store,
+    status_badge,
+)
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -84,9 +93,9 @@ def progress_block(run, frame: pd.DataFrame) -> None:
     done, total = run.steps_completed, run.total_steps
     text = f"step {done} / {total}"
     if run.status == "running" and len(frame):
-        steady = frame.loc[frame["phase"] == "steady", "step_time_ms"].dropna()
-        step_ms = float((steady if len(steady) else frame["step_time_ms"].dropna()).median())
-        text += f" · ETA {fmt_duration((total - done) * step_ms / 1000.0)}"
+        remaining_s = eta_s(frame, done, total)
+        if remaining_s is not None:
+            text += f" · ETA {fmt_duration(remaining_s)}"
     st.progress(min(1.0, done / total) if total else 0.0, text=text)
 
 
@@ -106,35 +115,21 @@ def status_block(run) -> None:
 def headline_metrics(run, frame: pd.DataFrame) -> None:
     summary = run.summary
     last = frame.iloc[-1] if len(frame) else None
-    steady = frame[frame["phase"] == "steady"] if len(frame) else frame
-    if steady.empty:
-        steady = frame.tail(3)  # before the first steady step: latest values, not n/a
-    rate_col = "tokens_per_s" if run.config.model == "gpt" else "samples_per_s"
-    rate_unit = "tokens/s" if rate_col == "tokens_per_s" else "samples/s"
-    rate = summary.get(rate_col) or (float(steady[rate_col].median()) if len(steady) else None)
-    step_ms = summary.get("step_time_ms") or (
-        float(steady["step_time_ms"].median()) if len(steady) else None)
-    peak = summary.get("peak_mem_bytes") or (
-        float(frame["mem_peak_bytes"].max()) if len(frame) else None)
+    head = live_headline(summary, run.config.model, frame)
     cols = st.columns(5)
     cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
-    cols[1].metric(f"Throughput ({rate_unit})", fmt_num(rate, 5),
+    cols[1].metric(f"Throughput ({head.throughput_unit})", fmt_num(head.throughput, 5),
                    help="Median over steady-state steps (warm-up and profiler window excluded)")
-    cols[2].metric("Step time", fmt_num(step_ms, 4, " ms"))
-    cols[3].metric("Peak memory", fmt_bytes(peak),
+    cols[2].metric("Step time", fmt_num(head.step_time_ms, 4, " ms"))
+    cols[3].metric("Peak memory", fmt_bytes(head.peak_mem_bytes),
                    help="CUDA: peak allocated. CPU: peak resident set size of the process")
-    mfu = summary.get("mfu") or (float(steady["mfu"].median()) if len(steady) and
-                                 steady["mfu"].notna().any() else None)
-    tflops = summary.get("achieved_tflops") or (
-        float(steady["achieved_tflops"].median()) if len(steady) and
-        steady["achieved_tflops"].notna().any() else None)
-    if mfu:
-        cols[4].metric("MFU", f"{100 * mfu:.2f} %",
+    if head.mfu:
+        cols[4].metric("MFU", f"{100 * head.mfu:.2f} %",
                        help=f"Against the {summary.get('peak_source', 'device')} peak for this "
                             f"precision. {summary.get('mfu_note') or ''}")
     else:
-        cols[4].metric("Achieved TFLOP/s", fmt_num(tflops, 3),
+        cols[4].metric("Achieved TFLOP/s", fmt_num(head.achieved_tflops, 3),
                        help=summary.get("mfu_note") or "MFU is n/a until the device's peak "
                        "for this precision is known; achieved TFLOP/s from measured FLOPs")
 
@@ -152,9 +147,7 @@ def matrix_unit_badge(run) -> None:
             st.caption("Evidence: " + ", ".join(f"`{name[:80]}`" for name in verdict["evidence"][:3]))
     cpu = summary.get("cpu_evidence")
     if cpu:
-        icon = "🟢" if cpu["verdict"] in ("AMX tiles", "native bf16 dot products (avx512_core_bf16)",
-                                          "native fp16 arithmetic (avx512_core_fp16)") else (
-            "⚪" if cpu["verdict"] in ("not applicable", "unknown") else "🟡")
+        icon = {"native": "🟢", "neutral": "⚪"}.get(verdict_tone(cpu["verdict"]), "🟡")
         st.markdown(f"{icon} **CPU matrix unit:** {cpu['headline']}")
         if cpu.get("evidence"):
             st.caption("oneDNN evidence: " + ", ".join(f"`{e}`" for e in cpu["evidence"][:4]))
@@ -168,8 +161,8 @@ def charts_block(run, frame: pd.DataFrame) -> None:
                 (" (the run is queued)." if run.status == "queued" else "..."))
         return
     is_cuda = run.device_key.startswith("cuda")
-    rate_col = "tokens_per_s" if run.config.model == "gpt" else "samples_per_s"
-    unit = "tokens" if rate_col == "tokens_per_s" else "samples"
+    rate_col = throughput_column(run.config.model)
+    unit = throughput_unit(run.config.model).removesuffix("/s")
     left, right = st.columns(2)
     left.plotly_chart(charts.loss_figure(frame), key="chart_loss")
     right.plotly_chart(charts.throughput_figure(frame, rate_col, unit), key="chart_throughput")
@@ -194,7 +187,7 @@ def telemetry_block(run) -> None:
     reasons = frame["throttle_reasons"].dropna()
     throttled = reasons[reasons.str.len() > 0] if len(reasons) else reasons
     if len(throttled):
-        from engine.telemetry import is_throttled
+        from engine.hardware.telemetry import is_throttled
 
         flagged = [r for r in throttled.unique() if is_throttled(r)]
         if flagged:
@@ -251,7 +244,7 @@ def batch_search_block(run) -> None:
              else "Measure the largest batch that fits")
     if not st.button(label, key="find_max_batch"):
         return
-    from engine.batch_search import find_max_batch
+    from engine.run.batch_search import find_max_batch
 
     with st.status("Probing batch sizes (two training steps each)...", expanded=True) as box:
         def progress(message: dict) -> None:

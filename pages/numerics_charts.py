@@ -1,5 +1,5 @@
 """Figure builders for the Numerics view (drawing only; the records come from
-engine.numerics, stored per run in runs/<id>/numerics.json)."""
+engine.training.numerics, stored per run in runs/<id>/numerics.json)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from engine.numerics import BF16_MIN_NORMAL, FP16_MAX, FP16_MIN_NORMAL
+from engine.analysis.numerics import BF16_MIN_NORMAL, FP16_MAX, FP16_MIN_NORMAL
 
 # In log2 |x|: fp16 rounds |x| <= 2**-25 to zero; [2**-25, 2**-14) lands in fp16's
 # subnormal range (fewer significant bits); 2**-14 is the smallest normal fp16.

@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from engine.config import Precision, choices
-from engine.launcher import reconcile
-from engine.store import STATUSES
+from engine.run.launcher import reconcile
+from engine.schema import STATUSES, throughput_column, throughput_unit
 from pages.ui import ensure_app_shell, get_store, open_in_live, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -33,13 +33,13 @@ def runs_table(records) -> pd.DataFrame:
     rows = []
     for r in records:
         s = r.summary
-        rate = s.get("tokens_per_s") if r.config.model == "gpt" else s.get("samples_per_s")
+        rate = s.get(throughput_column(r.config.model))
         rows.append({
             "run_id": r.id, "status": status_badge(r.status), "model": f"{r.config.model}-{r.config.size}",
             "precision": r.config.precision, "batch": r.config.batch_size,
             "steps": f"{r.steps_completed}/{r.total_steps}",
             "throughput": _finite(rate),
-            "unit": "tokens/s" if r.config.model == "gpt" else "samples/s",
+            "unit": throughput_unit(r.config.model),
             "peak_mem_GiB": (s["peak_mem_bytes"] / 2**30) if s.get("peak_mem_bytes") else None,
             "final_loss": _finite(s.get("final_loss")),
             "MFU_%": 100 * s["mfu"] if s.get("mfu") else None,

@@ -9,13 +9,28 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.config import ConfigError, ModelName, ModelSize, Precision, choices
-from engine.launcher import reconcile, stop
-from engine.store import FINISHED, SWEEP_RUNNING
-from engine.sweep import (MATRIX_METRICS, MAX_SWEEP_RUNS, RAY_ADDRESS_ENV, RayOptions, SweepGrid,
-                          counts_text, create_sweep, default_ray_address, ray_problem,
-                          results_matrix, stop_sweep, sweep_view)
-from pages.ui import (fmt_age, ensure_app_shell, get_store, open_in_live, status_badge)
+from engine.cluster.ray_env import (
+    MAX_CPUS_PER_RUN,
+    MAX_GPUS_PER_RUN,
+    RAY_ADDRESS_ENV,
+    RayOptions,
+    default_ray_address,
+    ray_problem,
+)
+from engine.cluster.sweep import (
+    MATRIX_METRICS,
+    MAX_SWEEP_RUNS,
+    SweepGrid,
+    counts_text,
+    create_sweep,
+    results_matrix,
+    stop_sweep,
+    sweep_view,
+)
+from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, choices
+from engine.run.launcher import reconcile, stop
+from engine.schema import FINISHED, SWEEP_RUNNING
+from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -50,7 +65,7 @@ def grid_form() -> None:
                                     key="sw_batch_sizes")
     left, middle, right = st.columns(3)
     size = left.selectbox("Model size", choices(ModelSize), key="sw_size")
-    steps = middle.number_input("Steps per run", min_value=1, max_value=1_000_000, value=30,
+    steps = middle.number_input("Steps per run", *bounds("steps"), value=30,
                                 key="sw_steps")
     profile = right.checkbox("Profile a few steps per run (kernel breakdown)", value=True,
                              key="sw_profile")
@@ -88,9 +103,9 @@ def ray_settings() -> tuple[str, RayOptions | None, bool]:
                               value=default_ray_address(), key="sw_ray_address",
                               help=f"Default from ${RAY_ADDRESS_ENV}. This machine must be a "
                                    "node of the cluster (README: Sweeps).").strip()
-    gpus = middle.number_input("GPUs per run", min_value=0, max_value=8, value=1, key="sw_gpus",
+    gpus = middle.number_input("GPUs per run", min_value=0, max_value=MAX_GPUS_PER_RUN, value=1, key="sw_gpus",
                                help="On a CPU-only cluster runs are scheduled by CPUs instead.")
-    cpus = right.number_input("CPUs per run", min_value=1, max_value=64, value=1, key="sw_cpus")
+    cpus = right.number_input("CPUs per run", min_value=1, max_value=MAX_CPUS_PER_RUN, value=1, key="sw_cpus")
     if not address:
         st.warning("Enter the Ray cluster's address, or choose this machine.")
         return address, None, False

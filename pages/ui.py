@@ -43,7 +43,7 @@ def ensure_app_shell() -> None:
 
 @st.cache_resource(show_spinner=False)
 def _cached_store(home: str | None) -> Store:
-    from engine import standby
+    from engine.run import standby
 
     store = Store(home)
     # A trainer with PyTorch already loaded, ready for the first launch from this server
@@ -70,7 +70,7 @@ def get_store() -> Store:
 
 @st.cache_resource(show_spinner=False)
 def cached_devices():
-    from engine.devices import list_devices
+    from engine.hardware.devices import list_devices
 
     return list_devices()
 

@@ -5,7 +5,7 @@ precision mode the device supports, as Markdown on stdout.
     python scripts/gpu_check.py --quick    # tiny sizes; ~1 minute on a 2-core CPU
 
 Each run is profiled (trace in a temp dir) and its kernels summarised with
-engine.traces.analyze_trace when that module exists, else by kernel names directly.
+engine.analysis.traces.analyze_trace (CPU runs: the oneDNN evidence).
 A run that fails is reported as failed; the script goes on with the next one.
 """
 
@@ -22,7 +22,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
+from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose  # noqa: E402
+from engine.analysis.traces import analyze_trace  # noqa: E402
 from engine.config import ModelName, Precision, RunConfig, choices  # noqa: E402
+from engine.hardware.devices import read_cpu_flags  # noqa: E402
+from engine.schema import ONEDNN_LOG_FILENAME  # noqa: E402
 
 # Sizes per (model, quick?): big enough on a GPU for Tensor Cores to matter, tiny on CPU.
 GPU_SIZES = {
@@ -85,10 +89,10 @@ def run_config(model: str, mode: str, device_key: str, steps: int, quick: bool,
 
 
 def one_run(cfg: RunConfig, device, out_dir: Path) -> dict[str, Any]:
-    from engine.peaks import compute_dtype_for, fp8_advice, peak_for
-    from engine.train import train
+    from engine.hardware.peaks import fp8_advice, peak_for
+    from engine.training.loop import train
 
-    peak = peak_for(device, compute_dtype_for(cfg.precision))
+    peak = peak_for(device, cfg.precision_mode.compute_dtype)
     row: dict[str, Any] = {"model": cfg.model, "size": cfg.size, "mode": cfg.precision,
                            "peak_source": peak.source, "advice": fp8_advice(cfg)}
     start_s = time.perf_counter()
@@ -106,7 +110,7 @@ def one_run(cfg: RunConfig, device, out_dir: Path) -> dict[str, Any]:
                mfu=achieved / peak.flops_per_s if achieved and peak.flops_per_s else None,
                peak_mem_bytes=result.peak_mem_bytes, wall_s=time.perf_counter() - start_s)
     if device.kind == "cpu":
-        row.update(cpu_summary(out_dir, compute_dtype_for(cfg.precision)))
+        row.update(cpu_summary(out_dir, cfg.precision_mode.compute_dtype))
     else:
         row.update(trace_summary(result.trace_path, device.kind))
     return row
@@ -114,12 +118,6 @@ def one_run(cfg: RunConfig, device, out_dir: Path) -> dict[str, Any]:
 
 def cpu_summary(run_dir: Path, compute_dtype: str) -> dict[str, Any]:
     """A CPU run's evidence: which oneDNN implementation ran the matrix primitives."""
-    try:
-        from engine.cpu_evidence import cpu_verdict, parse_onednn_verbose
-        from engine.devices import read_cpu_flags
-        from engine.train import ONEDNN_LOG_FILENAME
-    except ImportError:
-        return {"tc_verdict": "n/a (CPU run; no oneDNN evidence module)", "top_kernels": []}
     log_path = run_dir / ONEDNN_LOG_FILENAME
     if not log_path.exists():
         return {"tc_verdict": "n/a (CPU run; no oneDNN log written)", "top_kernels": []}
@@ -139,10 +137,6 @@ def trace_summary(trace_path: str | None, device_kind: str) -> dict[str, Any]:
     """TC verdict and top kernel names of one run's trace."""
     if not trace_path:
         return {"tc_verdict": "n/a (no trace written)", "top_kernels": []}
-    try:
-        from engine.traces import analyze_trace
-    except ImportError:
-        return _fallback_trace_summary(trace_path, device_kind)
     try:
         analysis = analyze_trace(trace_path)
     except Exception as exc:
@@ -166,24 +160,6 @@ def _kernel_names(top: Any, limit: int = 3) -> list[str]:
     for item in list(top)[:limit]:
         names.append(str(item.get("name", item)) if isinstance(item, dict) else str(item))
     return names
-
-
-def _fallback_trace_summary(trace_path: str, device_kind: str) -> dict[str, Any]:
-    import gzip
-    import json
-
-    from engine.check import kernel_events, summarize_kernels, tensor_core_of
-
-    with gzip.open(trace_path, "rt", encoding="utf-8") as handle:
-        kernels = summarize_kernels(kernel_events(json.load(handle)), top=3)
-    if not kernels:
-        reason = ("CPU run: no GPU kernels (CPU evidence is the native/emulated verdict)"
-                  if device_kind == "cpu" else "no kernel events: the profiler saw no GPU work "
-                                                "(CUPTI unavailable?)")
-        return {"tc_verdict": f"n/a ({reason})", "top_kernels": []}
-    tensor_core, evidence = tensor_core_of(kernels)
-    return {"tc_verdict": f"Tensor Cores: {tensor_core} (by kernel name; engine.traces absent)",
-            "top_kernels": [k["name"] for k in kernels]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -268,9 +244,9 @@ def runs_section(rows: list[dict[str, Any]], notes: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     deadline_s = time.monotonic() + args.max_minutes * 60
-    from engine.check import run_check
-    from engine.cli_hardware import doctor_report
-    from engine.devices import UNSUPPORTED, get_device, resolve_device_key
+    from engine.hardware.check import run_check
+    from engine.hardware.devices import UNSUPPORTED, get_device, resolve_device_key
+    from engine.hardware.doctor import doctor_report
 
     start_s = time.perf_counter()
     key = resolve_device_key(args.device)

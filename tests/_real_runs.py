@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import RunConfig
-from engine.run_stats import finalize_run_data
-from engine.store import FINISHED, RUNNING, Store
+from engine.run.finalize import finalize_run_data
+from engine.schema import FINISHED, RUNNING
+from engine.store import Store
 
 
 def tiny_config(precision: str, **changes: Any) -> RunConfig:
@@ -25,7 +26,7 @@ def record_run(store: Store, cfg: RunConfig, summary_extra: dict[str, Any] | Non
                device_name: str = "test cpu", status: str = FINISHED,
                reason: str | None = None) -> str:
     """Train `cfg` on the CPU in this process and store it as a worker would."""
-    from engine.train import train
+    from engine.training.loop import train
 
     run_id = store.create_run(cfg, "cpu", device_name)
     store.set_status(run_id, RUNNING)

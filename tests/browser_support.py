@@ -177,14 +177,14 @@ def _group_alive(pgid: int) -> bool:
 
 
 def worker_processes(run_id: str) -> list:
-    """Live (non-zombie) `engine.worker` processes of `run_id`: supervisor and trainer."""
+    """Live (non-zombie) `engine.run.worker` processes of `run_id`: supervisor and trainer."""
     import psutil
 
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             cmdline = proc.info["cmdline"] or []
-            if (proc.info["status"] != psutil.STATUS_ZOMBIE and "engine.worker" in cmdline
+            if (proc.info["status"] != psutil.STATUS_ZOMBIE and "engine.run.worker" in cmdline
                     and run_id in cmdline):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -205,8 +205,9 @@ def worker_groups(run_id: str) -> set[int]:
 def stop_all_runs(home: Path) -> None:
     """Stop every run still active in `home` (the launcher's own stop), then SIGKILL any
     worker group that is left: no trainer outlives its test."""
-    from engine.launcher import stop
-    from engine.store import ACTIVE_STATUSES, DB_FILENAME, Store
+    from engine.run.launcher import stop
+    from engine.schema import ACTIVE_STATUSES
+    from engine.store import DB_FILENAME, Store
 
     if not (Path(home) / DB_FILENAME).exists():
         return

@@ -97,7 +97,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _shutdown_standby(path: Path) -> None:
-    from engine import standby
+    from engine.run import standby
 
     standby.shutdown(path)
 
@@ -115,7 +115,8 @@ def _kill_active_workers(path: Path) -> None:
     Only groups this test's workers lead: the supervisor pid with its recorded create
     time, or a trainer whose group is still that supervisor's (start_new_session).
     """
-    from engine.store import ACTIVE_STATUSES, DB_FILENAME, Store
+    from engine.schema import ACTIVE_STATUSES
+    from engine.store import DB_FILENAME, Store
 
     if not (path / DB_FILENAME).exists():
         return

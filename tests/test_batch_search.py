@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.batch_search import find_max_batch, next_probe
 from engine.config import RunConfig
+from engine.run.batch_search import find_max_batch, next_probe
 
 
 def test_probe_sequence_doubles_then_bisects():

@@ -18,12 +18,29 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
-from browser_support import (StreamlitServer, chart_points, chart_titles, choose, error_alerts,
-                             exceptions, goto, grid_cells, grid_columns, main_text,
-                             require_browser, screenshot, set_number, stop_all_runs,
-                             unavailable, wait_app_idle, wait_for, worker_groups,
-                             worker_processes, CHROMIUM, CHROMIUM_ARGS)
+from browser_support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    StreamlitServer,
+    chart_points,
+    chart_titles,
+    choose,
+    error_alerts,
+    exceptions,
+    goto,
+    grid_cells,
+    grid_columns,
+    main_text,
+    require_browser,
+    screenshot,
+    set_number,
+    stop_all_runs,
+    unavailable,
+    wait_app_idle,
+    wait_for,
+    worker_groups,
+    worker_processes,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -38,7 +55,8 @@ LIVE_URL = re.compile(r"/live\?run=[A-Za-z0-9_-]+")
 @pytest.fixture(scope="module")
 def browser():
     require_browser()
-    from playwright.sync_api import Error as PlaywrightError, sync_playwright
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         try:
@@ -57,7 +75,7 @@ def server(browser, tmp_path):
     browser: no server is started just to skip).
 
     Teardown: the server's process group, then every run still active in that home
-    (engine.launcher.stop, then SIGKILL of any worker group left)."""
+    (engine.run.launcher.stop, then SIGKILL of any worker group left)."""
     srv = StreamlitServer(home=tmp_path / "lab_home", log_dir=tmp_path / "logs")
     try:
         srv.start()
@@ -209,7 +227,7 @@ def test_server_restart_mid_run_keeps_the_run_and_launches_nothing_twice(server,
 
     port = server.port
     server.stop()  # the server's process group only: the worker has its own session
-    from engine.launcher import is_alive
+    from engine.proc import is_alive
 
     assert is_alive(run.pid, run.pid_create_time), "the supervisor died with the server"
     assert is_alive(run.train_pid, None), "the trainer died with the server"
@@ -316,7 +334,7 @@ def _drawn_line_vertices(page, title: str) -> int:
 @pytest.mark.timeout(120)
 def test_compare_page_draws_every_runs_curve(server, page, store):
     from engine.config import RunConfig
-    from engine.run_stats import finalize_run_data
+    from engine.run.finalize import finalize_run_data
 
     for precision, speed in (("fp32", 1.0), ("bf16-amp", 1.8)):
         run_id = store.create_run(RunConfig(model="gpt", size="tiny", precision=precision),

@@ -13,11 +13,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.check import (NOT_SUPPORTED, OK, SLOW, VERDICTS, CheckFailed, dtype_support,
-                          kernel_events, matmul_verdict, run_check, run_check_subprocess,
-                          speed_words, summarize_kernels, tensor_core_of)
-from engine.devices import EMULATED, NATIVE, DeviceInfo, ModeSupport, cpu_device, mode_support
 from engine.config import Precision
+from engine.hardware.check import (
+    NOT_SUPPORTED,
+    OK,
+    SLOW,
+    VERDICTS,
+    CheckFailed,
+    dtype_support,
+    kernel_events,
+    matmul_verdict,
+    run_check,
+    run_check_subprocess,
+    speed_words,
+    summarize_kernels,
+    tensor_core_of,
+)
+from engine.hardware.devices import (
+    EMULATED,
+    NATIVE,
+    DeviceInfo,
+    ModeSupport,
+    cpu_device,
+    mode_support,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRACES = REPO_ROOT / "tests" / "data" / "traces"

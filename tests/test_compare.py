@@ -1,4 +1,4 @@
-"""engine.compare: steady-state statistics, ratios, findings wording, config diff and the
+"""engine.analysis.compare: steady-state statistics, ratios, findings wording, config diff and the
 default selection, on runs with hand-written metric rows (exact numbers) and on real
 tiny CPU runs."""
 
@@ -8,10 +8,19 @@ import math
 
 import pandas as pd
 import pytest
-
 from _real_runs import record_run, tiny_config, write_rows
-from engine.compare import (BASIS_NON_WARMUP, BASIS_STEADY, config_diff, default_selection,
-                            display_names, ema, findings, steady_stats, summary_table)
+
+from engine.analysis.compare import (
+    BASIS_NON_WARMUP,
+    BASIS_STEADY,
+    config_diff,
+    default_selection,
+    display_names,
+    ema,
+    findings,
+    steady_stats,
+    summary_table,
+)
 from engine.config import RunConfig
 from engine.store import RunNotFound
 
@@ -224,8 +233,8 @@ def _drop_metric_rows(store, run_id: str) -> None:
 
 
 def test_finished_runs_compare_from_stored_stats_without_reading_rows(store):
-    from engine.compare import COMPARE_STATS_KEY
-    from engine.run_stats import finalize_run_data
+    from engine.analysis.compare import COMPARE_STATS_KEY
+    from engine.run.finalize import finalize_run_data
 
     base = write_rows(store, tiny_config("fp32"), _long_rows(100.0, 1.0))
     fast = write_rows(store, tiny_config("bf16-amp"), _long_rows(50.0, 1.01))
@@ -242,8 +251,8 @@ def test_finished_runs_compare_from_stored_stats_without_reading_rows(store):
 
 
 def test_active_runs_and_misaligned_tails_are_computed_from_rows(store):
-    from engine.run_stats import finalize_run_data
-    from engine.store import RUNNING
+    from engine.run.finalize import finalize_run_data
+    from engine.schema import RUNNING
 
     base = write_rows(store, tiny_config("fp32"), _long_rows(100.0, 1.0))
     finalize_run_data(store, base)

@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _real_runs import record_run, tiny_config
 from streamlit.testing.v1 import AppTest
 
-from _real_runs import record_run, tiny_config
-from engine.compare import findings, summary_table
-from engine.numerics import NUMERICS_FILENAME, NumericsProbe
+from engine.analysis.compare import findings, summary_table
+from engine.schema import NUMERICS_FILENAME
 from engine.store import Store
+from engine.training.numerics import NumericsProbe
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -119,8 +120,8 @@ def test_default_selection_without_a_preset_and_config_diff(lab):
 
 @pytest.mark.slow
 def test_numerics_view_for_a_run_with_numerics(lab):
-    from engine.precision import cast_inputs
-    from engine.train import Trainer, compute_loss
+    from engine.training.loop import Trainer, compute_loss
+    from engine.training.precision import cast_inputs
 
     store, ids = lab
     # Record numerics of a real tiny model into the fp16 run's directory.
@@ -149,7 +150,7 @@ def test_numerics_view_for_a_run_with_numerics(lab):
 
 @pytest.mark.slow
 def test_demo_button_queues_the_three_demo_runs(home):
-    from engine.launcher import stop
+    from engine.run.launcher import stop
 
     store = Store(home)
     at = AppTest.from_file(APP, default_timeout=90)
@@ -179,8 +180,8 @@ def test_compare_page_on_real_worker_runs_end_to_end(home):
     with the CPU evidence the profiler window recorded)."""
     import time
 
-    from engine.launcher import launch
-    from engine.store import FINAL_STATUSES
+    from engine.run.launcher import launch
+    from engine.schema import FINAL_STATUSES
 
     store = Store(home)
     ids = [launch(tiny_config(p, steps=12, profile=True, profile_steps=2), store)

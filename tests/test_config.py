@@ -12,9 +12,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import (MAX_BATCH_SIZE, MAX_IMAGE_SIZE, MAX_NPROCS, MAX_SEQ_LEN, MAX_STEPS,
-                           CommHook, ConfigError, ModelName, ModelSize, OptimizerName, Precision,
-                           RunConfig, Sharding, choices, config_fields, field_doc)
+from engine.config import (
+    MAX_BATCH_SIZE,
+    MAX_IMAGE_SIZE,
+    MAX_NPROCS,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+    CommHook,
+    ConfigError,
+    ModelName,
+    ModelSize,
+    OptimizerName,
+    Precision,
+    RunConfig,
+    Sharding,
+    choices,
+    config_fields,
+    field_doc,
+)
 
 # (low, high) accepted bounds of every integer field, as the issue and the docs state them.
 INT_BOUNDS = {
@@ -155,13 +170,17 @@ def test_enum_field_rejects_unknown_values_and_lists_choices(field_name):
 
 
 @pytest.mark.parametrize("field_name", sorted(ENUM_FIELDS))
-def test_enum_field_accepts_members_and_values_and_stores_plain_strings(field_name):
+def test_enum_field_accepts_members_and_values_and_stores_the_member(field_name):
+    """Fields are typed as their enums; a member still equals, formats and serialises as
+    its plain string value."""
     enum_type = ENUM_FIELDS[field_name]
     for member in enum_type:
         for given_value in (member, member.value):
-            stored = getattr(RunConfig(**{field_name: given_value},
-                                       **ENUM_CONTEXT.get(field_name, {})), field_name)
-            assert stored == member.value and type(stored) is str
+            cfg = RunConfig(**{field_name: given_value}, **ENUM_CONTEXT.get(field_name, {}))
+            stored = getattr(cfg, field_name)
+            assert stored is member and stored == member.value
+            assert f"{stored}" == str(stored) == member.value
+            assert type(cfg.to_dict()[field_name]) is str
 
 
 def test_unknown_precision_message_matches_the_issue():

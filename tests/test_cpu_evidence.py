@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.analysis.cpu_evidence import (
+    EMULATED,
+    NATIVE_AMX,
+    NATIVE_BF16_DOT,
+    cpu_verdict,
+    parse_onednn_verbose,
+)
 from engine.config import RunConfig
-from engine.cpu_evidence import (EMULATED, NATIVE_AMX, NATIVE_BF16_DOT,
-                                 capture_onednn_verbose, cpu_verdict, parse_onednn_verbose)
-from engine.devices import read_cpu_flags
-from engine.train import train
+from engine.hardware.devices import read_cpu_flags
+from engine.training.loop import train
+from engine.training.onednn import capture_onednn_verbose
 
 # Captured on this project's AVX2 dev machine (oneDNN 3.12, torch 2.13), fp32 ResNet step.
 AVX2_FP32_CONV = """\

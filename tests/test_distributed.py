@@ -1,6 +1,6 @@
 """Multi-process runs on the CPU: real torchrun, real gloo, real SQLite.
 
-The end-to-end tests start 2-rank mlp-tiny runs through engine.launcher (or the CLI) and
+The end-to-end tests start 2-rank mlp-tiny runs through engine.run.launcher (or the CLI) and
 observe them through the store and psutil; the rest tests the decisions (what a machine
 allows, which rank failed first, FSDP2's dtypes, GPU claims) without processes, including
 the CUDA-only paths, whose decision logic needs no GPU.
@@ -17,15 +17,27 @@ import time
 import psutil
 import pytest
 
+from engine.admission import (
+    bf16_comm_hook_problem,
+    bf16_hook_problem_for,
+    check_parallel,
+    check_runnable,
+    cpu_proc_limit,
+    cuda_device_keys,
+    fsdp2_dtypes,
+)
 from engine.config import MAX_NPROCS, ConfigError, RunConfig
-from engine.devices import DeviceInfo, check_runnable
-from engine.distributed import (FAULT_ENV, RankExit, bf16_comm_hook_problem,
-                                bf16_hook_problem_for, check_parallel, cpu_proc_limit,
-                                cuda_device_keys, failure_reason, fsdp2_dtypes,
-                                live_rank_pids, recorded_rank_processes, signal_rank_processes,
-                                torchrun_args)
-from engine.launcher import launch, read_log_tail, stop
-from engine.store import FAILED, FINAL_STATUSES, FINISHED, RUNNING, STOPPED, Store
+from engine.hardware.devices import DeviceInfo
+from engine.run.launcher import launch, read_log_tail, stop
+from engine.run.ranks import (
+    FAULT_ENV,
+    live_rank_pids,
+    recorded_rank_processes,
+    signal_rank_processes,
+)
+from engine.run.torchrun import RankExit, failure_reason, torchrun_args
+from engine.schema import FAILED, FINAL_STATUSES, FINISHED, RUNNING, STOPPED
+from engine.store import Store
 
 TWO = RunConfig(model="mlp", size="tiny", batch_size=8, steps=10, warmup_steps=2,
                 profile=False, device="cpu", nprocs=2)
@@ -76,7 +88,7 @@ def gone(proc: psutil.Process) -> bool:
 
 
 # ---------------------------------------------------------------------------------------
-# end to end, through engine.launcher and the store
+# end to end, through engine.run.launcher and the store
 
 
 @pytest.mark.slow
@@ -102,8 +114,8 @@ def test_two_rank_run_records_mean_loss_global_throughput_and_both_ranks_telemet
         assert row.samples_per_s == pytest.approx(2 * cfg.batch_size * 1000.0 / row.step_time_ms)
 
     # The logged loss is the mean of the two ranks' losses on their own batches.
-    from engine.data import SyntheticTask
-    from engine.train import Trainer, compute_loss
+    from engine.training.data import SyntheticTask
+    from engine.training.loop import Trainer, compute_loss
 
     device = torch.device("cpu")
     model = Trainer(cfg, device).model  # the same seed: the ranks' initial weights
@@ -242,7 +254,7 @@ def test_sigkill_of_torchrun_fails_the_run_and_takes_every_rank_with_it(store, w
 @real_ranks
 @pytest.mark.timeout(240)
 def test_reconcile_ends_the_ranks_of_a_run_whose_supervisor_died(store, wait_for):
-    from engine.launcher import reconcile
+    from engine.run.launcher import reconcile
 
     run_id = launch(LONG, store)
     rank_pid(store, run_id, 1, wait_for)
@@ -378,7 +390,7 @@ def test_torchrun_command_is_standalone_without_restarts():
     args = torchrun_args(4, "run-1")
     assert args[:6] == ["--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
                         "--monitor-interval"]
-    assert args[-4:] == ["-m", "engine.distributed", "rank", "run-1"]
+    assert args[-4:] == ["-m", "engine.run.torchrun", "rank", "run-1"]
 
 
 # ---------------------------------------------------------------------------------------

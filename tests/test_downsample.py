@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.downsample import downsample_minmax
+from engine.store.downsample import downsample_minmax
 
 
 def frame_of(**columns) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""engine.kernels: kernel name -> category / Tensor Cores / dtype.
+"""engine.analysis.kernels: kernel name -> category / Tensor Cores / dtype.
 
 Ground truth: tests/data/kernel_names.tsv, 462 real kernel names from public profiler traces
 and issue reports, labelled yes/no with the reason. Plus hand-written names of families the
@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.kernels import (KERNEL_CATEGORIES, MATRIX_CATEGORIES, KernelVerdict,
-                            classify_kernel, demangle_hint)
+from engine.analysis.kernels import (
+    KERNEL_CATEGORIES,
+    MATRIX_CATEGORIES,
+    KernelVerdict,
+    classify_kernel,
+    demangle_hint,
+)
 
 TSV = Path(__file__).parent / "data" / "kernel_names.tsv"
 
@@ -281,5 +286,5 @@ def test_verdict_is_frozen():
 
 
 def test_kernels_module_imports_neither_torch_nor_streamlit():
-    source = (Path(__file__).parents[1] / "engine" / "kernels.py").read_text()
+    source = (Path(__file__).parents[1] / "engine" / "analysis" / "kernels.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+(torch|streamlit)\b", source, re.MULTILINE)

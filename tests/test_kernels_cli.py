@@ -1,7 +1,7 @@
-"""`classify` and `kernels` commands (engine.cli_kernels).
+"""`classify` and `kernels` commands (engine.cli.kernels).
 
-In-process through a tiny argparse harness (what engine/cli.py does with add_subparsers),
-and end to end through `python -m engine` once engine/__main__.py exists.
+In-process through a tiny argparse harness (what engine/cli/main.py does with
+add_subparsers), and end to end through `python -m engine`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli_kernels
+from engine.cli import kernels as cli_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "data" / "traces"
@@ -93,23 +93,17 @@ def test_kernels_bad_file_exits_2_naming_the_path(tmp_path, capsys, content):
 
 # --- end to end through `python -m engine` ---------------------------------------------
 
-needs_main = pytest.mark.skipif(not (ROOT / "engine" / "__main__.py").exists(),
-                                reason="engine/__main__.py (python -m engine) not written yet")
-
-
 def _engine(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, input=stdin,
                           capture_output=True, text=True, timeout=120)
 
 
-@needs_main
 def test_python_m_engine_classify():
     result = _engine("classify", stdin="volta_h884gemm_64x128_ldg8_nn\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "volta_h884gemm_64x128_ldg8_nn\tgemm\tyes\tfp16\n"
 
 
-@needs_main
 def test_python_m_engine_kernels_json_and_missing_file(tmp_path):
     result = _engine("kernels", str(GP100), "--json")
     assert result.returncode == 0, result.stderr

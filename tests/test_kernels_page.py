@@ -9,9 +9,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.config import RunConfig
-from engine.run_analysis import analyze_window
+from engine.run.window import analyze_window
+from engine.schema import TRACE_FILENAME
 from engine.store import Store
-from engine.train import TRACE_FILENAME
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TRACES = Path(__file__).resolve().parent / "data" / "traces"

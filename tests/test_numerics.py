@@ -1,4 +1,4 @@
-"""engine.numerics: exact histogram and fp16-fraction counts on hand-built tensors, and
+"""engine.training.numerics: exact histogram and fp16-fraction counts on hand-built tensors, and
 the probe on a real tiny model (the step mirrors the wiring proposed for train.py)."""
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import pytest
 import torch
 from torch import nn
 
+from engine.analysis.numerics import FP16_MAX, fractions_rows, load, sampled_steps
 from engine.config import RunConfig
-from engine.numerics import (FP16_MAX, NUMERICS_FILENAME, NumericsProbe, default_sample_steps,
-                             fp16_fractions, fractions_rows, load, log2_histogram,
-                             sampled_steps)
+from engine.schema import NUMERICS_FILENAME
+from engine.training.numerics import (
+    NumericsProbe,
+    default_sample_steps,
+    fp16_fractions,
+    log2_histogram,
+)
 
 
 def test_log2_histogram_counts_each_power_of_two_bucket():
@@ -139,9 +144,9 @@ def test_probe_records_nothing_on_steps_that_are_not_sampled():
 
 
 def _probed_step(trainer, step: int, probe: NumericsProbe) -> float:
-    """Trainer.step plus the probe calls proposed for engine/train.py."""
-    from engine.precision import cast_inputs
-    from engine.train import compute_loss
+    """Trainer.step plus the probe calls proposed for engine/training/loop.py."""
+    from engine.training.loop import compute_loss
+    from engine.training.precision import cast_inputs
 
     inputs, targets = trainer.task.batch()
     scaler = trainer.plan.scaler
@@ -168,7 +173,7 @@ def _probed_step(trainer, step: int, probe: NumericsProbe) -> float:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16-amp"])
 def test_probe_on_a_real_tiny_model_for_two_sampled_steps(tmp_path, precision):
-    from engine.train import Trainer
+    from engine.training.loop import Trainer
 
     cfg = RunConfig(model="mlp", precision=precision, batch_size=32, steps=4, profile=False,
                     device="cpu")
@@ -213,9 +218,9 @@ def test_load_rejects_other_files(tmp_path):
 
 @pytest.mark.skipif("numerics" not in {f.name for f in dataclasses.fields(RunConfig)},
                     reason="RunConfig has no `numerics` field yet: the lead wires the probe "
-                           "into engine/train.py (see engine/numerics.py docstring)")
+                           "into engine/training/loop.py (see engine/training/numerics.py docstring)")
 def test_train_writes_numerics_json_when_enabled(tmp_path):
-    from engine.train import train
+    from engine.training.loop import train
 
     cfg = RunConfig(model="mlp", steps=4, batch_size=8, profile=False, device="cpu",
                     numerics=True)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from engine.config import RunConfig
-from engine.store import OVERVIEW_POINTS, Store
+from engine.store import Store
+from engine.store.series import OVERVIEW_POINTS
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.config import RunConfig
-from engine.launcher import stop
-from engine.store import FINAL_STATUSES, Store
+from engine.run.launcher import stop
+from engine.schema import FINAL_STATUSES
+from engine.store import Store
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGES = ["pages/launch.py", "pages/live.py", "pages/runs.py"]
@@ -95,7 +96,9 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     at.selectbox(key="size").set_value("tiny")
     at.selectbox(key="precision").set_value("bf16-amp")
     at.number_input(key="batch_size").set_value(8)
-    at.number_input(key="steps").set_value(25)
+    # Long enough for several 0.5 s flushes even where bf16 runs natively (~20 ms a step).
+    steps = 150
+    at.number_input(key="steps").set_value(steps)
     at.button(key="launch").click().run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Live"
@@ -108,11 +111,11 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     def loss_points(app):
         spec = _chart_specs(app).get("Loss")
         seen_points.append(len(spec["data"][0]["y"]) if spec else 0)
-        return spec is not None and len(spec["data"][0]["y"]) >= 25
+        return spec is not None and len(spec["data"][0]["y"]) >= steps
 
-    _wait_until(at, loss_points, timeout_s=150)
+    _wait_until(at, loss_points, timeout_s=150, poll_s=0.3)
     # Points arrived incrementally, not all at once at the end.
-    assert any(0 < n < 25 for n in seen_points), seen_points
+    assert any(0 < n < steps for n in seen_points), seen_points
     spec = _chart_specs(at)["Loss"]
     stored = store.read_metrics(run.id, max_points=None)
     assert spec["data"][0]["y"] == pytest.approx(stored["loss"].tolist())
@@ -170,7 +173,7 @@ def test_runs_page_filters_and_opens_a_run_in_live(lab_home):
 
 @pytest.mark.timeout(120)
 def test_stop_button_stops_a_running_run(lab_home):
-    from engine.launcher import launch
+    from engine.run.launcher import launch
 
     store = Store(lab_home)
     run_id = launch(RunConfig(model="mlp", steps=100000, profile=False, device="cpu"), store)

@@ -9,12 +9,21 @@ import time
 import pytest
 import torch
 
-from engine.config import Precision, RunConfig, choices
-from engine.devices import EMULATED, DeviceInfo, cpu_device, mode_support
-from engine.peaks import (DATASHEET_TFLOPS, FP8_MIN_GEMM_DIM, SOURCE_MEASURED, SOURCE_NA,
-                          cache_path, compute_dtype_for, datasheet_row, fp8_advice,
-                          linear_gemm_shapes, measure_matmul, next_matrix_side, peak_for,
-                          read_cache)
+from engine.config import Precision, RunConfig, choices, compute_dtype_for
+from engine.hardware.devices import EMULATED, DeviceInfo, cpu_device, mode_support
+from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
+from engine.hardware.peaks import (
+    FP8_MIN_GEMM_DIM,
+    SOURCE_MEASURED,
+    SOURCE_NA,
+    cache_path,
+    fp8_advice,
+    linear_gemm_shapes,
+    measure_matmul,
+    next_matrix_side,
+    peak_for,
+    read_cache,
+)
 
 # Names exactly as NVML / torch.cuda.get_device_name report them.
 KNOWN_NAMES = {
@@ -156,7 +165,7 @@ def test_next_matrix_side():
 
 @pytest.mark.parametrize("mode", choices(Precision))
 def test_compute_dtype_matches_the_precision_plan(mode):
-    from engine.precision import make_plan
+    from engine.training.precision import make_plan
 
     plan = make_plan(RunConfig(precision=mode, device="cpu"), torch.device("cpu"))
     assert compute_dtype_for(mode) == plan.compute_dtype_name
@@ -193,7 +202,7 @@ def test_fp8_advice_none_for_big_gemms():
 @pytest.mark.parametrize("model", ["gpt", "mlp", "resnet"])
 @pytest.mark.parametrize("size", ["tiny", "small", "medium"])
 def test_gemm_shapes_match_the_real_linear_layers(model, size):
-    from engine.models import build_model
+    from engine.training.models import build_model
 
     cfg = RunConfig(model=model, size=size)
     layers = {(m.in_features, m.out_features) for m in build_model(cfg).modules()

@@ -28,11 +28,19 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install -r requirem
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from engine.launcher import is_alive, stop  # noqa: E402
-from engine.store import (FAILED, FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED,  # noqa: E402
-                          SWEEP_RAY, Store)
-from engine.sweep import (RayOptions, SweepGrid, create_sweep, results_matrix,  # noqa: E402
-                          stop_sweep, sweep_view, wait_sweep)
+from engine.cluster.ray_env import RayOptions
+from engine.cluster.sweep import (
+    SweepGrid,
+    create_sweep,
+    results_matrix,
+    stop_sweep,
+    sweep_view,
+    wait_sweep,
+)
+from engine.proc import is_alive
+from engine.run.launcher import stop  # noqa: E402
+from engine.schema import FAILED, FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED, SWEEP_RAY
+from engine.store import Store
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]

@@ -1,4 +1,4 @@
-"""The pre-started trainer (engine/standby.py) with real processes: a run handed to a
+"""The pre-started trainer (engine/run/standby.py) with real processes: a run handed to a
 standby trains and finishes like any other, its faults and stops are recorded the same
 way, and the supervisor leaves a fresh standby behind for the next launch."""
 
@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from engine import standby
 from engine.config import RunConfig
-from engine.launcher import launch, log_path, stop
-from engine.store import ACTIVE_STATUSES, FAILED, FINISHED, STOPPED
+from engine.run import standby
+from engine.run.launcher import launch, log_path, stop
+from engine.schema import ACTIVE_STATUSES, FAILED, FINISHED, STOPPED
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def ready_standby(store, monkeypatch, wait_for):
     standby.shutdown(store.home)
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "engine.standby" in cmdline and str(store.home) in cmdline:
+        if "engine.run.standby" in cmdline and str(store.home) in cmdline:
             proc.kill()
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from engine.config import RunConfig
-from engine.store import (DB_FILENAME, FAILED, FINISHED, METRIC_COLUMNS, OOM, QUEUED, RUNNING,
-                          SCHEMA_VERSION, STOPPED, RunNotFound, Store, StoreError,
-                          validate_run_id)
+from engine.schema import FAILED, FINISHED, METRIC_COLUMNS, OOM, QUEUED, RUNNING, STOPPED
+from engine.store import DB_FILENAME, RunNotFound, Store, StoreError, validate_run_id
+from engine.store.migrations import SCHEMA_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CFG = RunConfig(model="mlp", batch_size=8, steps=10)
@@ -165,7 +165,8 @@ def test_a_stopped_queued_run_leaves_the_queue(store):
 
 _RACE_SCRIPT = r"""
 import json, random, sys, time
-from engine.store import Store, FINISHED, RUNNING
+from engine.schema import FINISHED, RUNNING
+from engine.store import Store
 home, start_at = sys.argv[1], float(sys.argv[2])
 store = Store(home)
 while time.time() < start_at:
@@ -266,7 +267,7 @@ def test_many_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
 def test_wal_switch_retries_while_another_connection_holds_the_lock(tmp_path):
     import threading
 
-    from engine.store import _switch_to_wal
+    from engine.store.migrations import _switch_to_wal
     db_path = tmp_path / "fresh.sqlite3"
     holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
     holder.execute("CREATE TABLE t (x)")

@@ -19,14 +19,31 @@ import pytest
 from conftest import wait_for
 from streamlit.testing.v1 import AppTest
 
-from engine.cli import main as cli_main
+from engine.cli.main import main as cli_main
+from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
+from engine.cluster.sweep import (
+    MAX_SWEEP_RUNS,
+    SweepGrid,
+    create_sweep,
+    matrix_text,
+    results_matrix,
+    sweep_view,
+    wait_sweep,
+)
 from engine.config import ConfigError, RunConfig
-from engine.launcher import process_create_time, reconcile, stop
-from engine.store import (DB_FILENAME, FAILED, FINISHED, QUEUED, RUNNING, STOPPED, SWEEP_DONE,
-                          SWEEP_LOCAL, SWEEP_RAY, Store)
-from engine.sweep import (MAX_SWEEP_RUNS, RayOptions, SweepGrid, create_sweep, matrix_text,
-                          ray_problem, results_matrix, sweep_view,
-                          validate_ray_address, wait_sweep)
+from engine.proc import process_create_time
+from engine.run.launcher import reconcile, stop
+from engine.schema import (
+    FAILED,
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    STOPPED,
+    SWEEP_DONE,
+    SWEEP_LOCAL,
+    SWEEP_RAY,
+)
+from engine.store import DB_FILENAME, Store
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 

@@ -9,10 +9,17 @@ import time
 import pytest
 import torch
 
-from engine.store import TELEMETRY_COLUMNS
-from engine.telemetry import (CLOCK_EVENT_REASONS, TelemetrySampler, decode_clock_event_reasons,
-                              gpm_tensor_util, gpu_fields_from_raw, is_throttled, nvml_index,
-                              nvml_snapshot, nvml_unavailable_reason)
+from engine.hardware.nvml import nvml_index, nvml_unavailable_reason
+from engine.hardware.telemetry import (
+    CLOCK_EVENT_REASONS,
+    TelemetrySampler,
+    decode_clock_event_reasons,
+    gpm_tensor_util,
+    gpu_fields_from_raw,
+    is_throttled,
+    nvml_snapshot,
+)
+from engine.schema import TELEMETRY_COLUMNS
 
 NVML_MISSING = nvml_unavailable_reason()
 needs_no_nvml = pytest.mark.skipif(NVML_MISSING is None,
@@ -285,7 +292,7 @@ class _Mem:
 
 
 def test_snapshot_assembly_h200():
-    from engine.telemetry import read_gpu_raw, snapshot_from
+    from engine.hardware.telemetry import read_gpu_raw, snapshot_from
 
     nvml = H200Nvml()
     snap = snapshot_from(nvml, handle=object(), index=0)
@@ -303,7 +310,7 @@ def test_snapshot_assembly_h200():
 
 
 def test_each_unsupported_query_gives_none_not_a_crash():
-    from engine.telemetry import snapshot_from
+    from engine.hardware.telemetry import snapshot_from
 
     nvml = H200Nvml(unsupported=("nvmlDeviceGetPowerUsage", "nvmlDeviceGetEccMode",
                                  "nvmlDeviceGetCurrentClocksEventReasons",

@@ -1,4 +1,4 @@
-"""engine.traces on real profiler traces (tests/data/traces, see SOURCES.md) and on small
+"""engine.analysis.traces on real profiler traces (tests/data/traces, see SOURCES.md) and on small
 synthetic traces that pin the attribution and cause logic down exactly.
 
 Each real trace is parsed once per module (fixture `tables`); the whole file runs in a few
@@ -15,11 +15,22 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.kernels import KERNEL_CATEGORIES
-from engine.traces import (CAUSE_FP32_IN_AMP, CAUSE_FP32_NO_TF32, CAUSE_FP32_PRE_AMPERE,
-                           CAUSE_NO_HARDWARE, CAUSE_SMALL_SHAPES, TABLE_COLUMNS,
-                           UNATTRIBUTED_OP, analyze_trace, breakdown, kernel_summary_rows,
-                           load_kernel_table, trace_device, trace_metadata)
+from engine.analysis.kernels import KERNEL_CATEGORIES
+from engine.analysis.traces import (
+    CAUSE_FP32_IN_AMP,
+    CAUSE_FP32_NO_TF32,
+    CAUSE_FP32_PRE_AMPERE,
+    CAUSE_NO_HARDWARE,
+    CAUSE_SMALL_SHAPES,
+    TABLE_COLUMNS,
+    UNATTRIBUTED_OP,
+    analyze_trace,
+    breakdown,
+    kernel_summary_rows,
+    load_kernel_table,
+    trace_device,
+    trace_metadata,
+)
 
 TRACES = Path(__file__).parent / "data" / "traces"
 TRACE_FILES = sorted(p.name for p in TRACES.glob("*.json.gz"))

@@ -14,10 +14,10 @@ import time
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.config import ModelSize
-from engine.models import MLP_SPECS
-from engine.train import PROFILE, STEADY, TRACE_FILENAME, WARMUP, Diverged, phase_of, train
+from engine.config import ModelSize, RunConfig
+from engine.schema import PROFILE, STEADY, TRACE_FILENAME, WARMUP
+from engine.training.loop import Diverged, phase_of, train
+from engine.training.models import MLP_SPECS
 
 CPU_MODES = ["fp32", "bf16-amp", "fp16-amp", "bf16-pure"]
 # Measured on 2 CPU cores (seed 0, batch 8, 30 steps): final/first loss is 0.58 (mlp),
@@ -237,7 +237,7 @@ def test_should_stop_ends_the_run_as_stopped():
 
 
 def test_metric_rows_carry_every_column_with_units():
-    from engine.store import METRIC_COLUMNS
+    from engine.schema import METRIC_COLUMNS
 
     cfg = RunConfig(model="gpt", batch_size=8, steps=4, profile=False, log_interval=2, device="cpu")
     result, rows = run_train(cfg)
@@ -253,7 +253,7 @@ def test_metric_rows_carry_every_column_with_units():
 
 
 def test_mfu_is_omitted_rather_than_above_100_percent():
-    from engine.train import plausible_mfu
+    from engine.schema import plausible_mfu
 
     assert plausible_mfu(5e9, 1e10) == pytest.approx(0.5)
     assert plausible_mfu(2e10, 1e10) is None  # the peak must be an underestimate

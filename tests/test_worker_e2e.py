@@ -1,4 +1,4 @@
-"""Real worker processes on the CPU, started by engine.launcher, observed through SQLite.
+"""Real worker processes on the CPU, started by engine.run.launcher, observed through SQLite.
 
 Each test has its own data directory (so its own device queue); leftover workers are
 killed by the `home` fixture. Runs are mlp/gpt tiny without profiling: what is tested
@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from engine.config import RunConfig
-from engine.launcher import launch, read_log_tail, reconcile, start_worker, stop
-from engine.store import (DIVERGED, FAILED, FINAL_STATUSES, FINISHED, OOM, QUEUED, RUNNING,
-                          STOPPED, Store)
+from engine.run.launcher import launch, read_log_tail, reconcile, start_worker, stop
+from engine.schema import DIVERGED, FAILED, FINAL_STATUSES, FINISHED, OOM, QUEUED, RUNNING, STOPPED
+from engine.store import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_workers")]
 
@@ -275,3 +275,34 @@ def test_divergence_in_a_worker_is_a_diverged_status_with_the_step(ended_runs):
     last = store.last_metric(run.id)
     assert last["step"] == step and last["loss"] is None  # NaN is stored as NULL
     assert store.metrics_count(run.id) == step
+
+
+# ---------------------------------------------------------------------------------------
+# a stored config that no longer parses
+
+
+def _break_config(store, run_id: str, config_json: str) -> None:
+    with store.connect() as conn:
+        conn.execute("UPDATE runs SET config_json = ? WHERE id = ?", (config_json, run_id))
+
+
+def test_a_stored_config_that_does_not_parse_is_shown_with_the_reason_not_silently_replaced(store):
+    run_id = store.create_run(short(5), "cpu", "test")
+    _break_config(store, run_id, short(5).to_json().replace('"mlp"', '"mlp-from-the-future"'))
+    run = store.get_run(run_id)
+    assert run.config_error is not None and "mlp-from-the-future" in run.config_error
+    assert "does not parse" in run.config_error
+
+
+@pytest.mark.parametrize("config_json", ['{"model": "mlp-from-the-future"}', "not json",
+                                         '{"batch_size": 0}', '["a list"]'])
+def test_a_run_whose_stored_config_does_not_parse_fails_with_that_reason_and_never_trains(
+        store, wait_for, config_json):
+    run_id = store.create_run(short(5), "cpu", "test")
+    _break_config(store, run_id, config_json)
+    start_worker(run_id, store)
+    run = wait_final(store, run_id, wait_for, timeout_s=60)
+    assert run.status == FAILED
+    assert "the stored config does not parse" in run.reason and "re-launch" in run.reason
+    assert store.metrics_count(run_id) == 0  # nothing trained: never RunConfig() defaults
+    assert "[trainer]" not in read_log_tail(run_id, store)

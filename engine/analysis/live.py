@@ -1,0 +1,70 @@
+"""The Live page's headline figures of one run, from its summary (a finished run) or its
+logged rows so far (a running run): the page draws them and computes nothing.
+
+Steady-state steps only (phase "steady": warm-up and the profiler window excluded);
+before the first steady step, the latest three rows, so the tiles are never empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from engine.schema import STEADY, throughput_column, throughput_unit
+
+
+@dataclass(frozen=True)
+class LiveHeadline:
+    throughput: float | None       # steady median, in throughput_unit
+    throughput_unit: str           # tokens/s | samples/s
+    step_time_ms: float | None     # steady median
+    peak_mem_bytes: float | None
+    mfu: float | None              # fraction of the device's peak, None when unknown
+    achieved_tflops: float | None
+
+
+def steady_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The steady-state rows, or the latest three before there are any."""
+    if not len(frame):
+        return frame
+    steady = frame[frame["phase"] == STEADY]
+    return steady if len(steady) else frame.tail(3)
+
+
+def steady_median(frame: pd.DataFrame, column: str) -> float | None:
+    """Median of `column` over steady-state rows only; None when there are none."""
+    if "phase" not in frame or column not in frame:
+        return None
+    values = frame.loc[frame["phase"] == STEADY, column].dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _median(rows: pd.DataFrame, column: str) -> float | None:
+    if not len(rows) or column not in rows or not rows[column].notna().any():
+        return None
+    return float(rows[column].median())
+
+
+def live_headline(summary: dict[str, Any], model: str, frame: pd.DataFrame) -> LiveHeadline:
+    """The summary's figures where the run has ended, else medians of the rows so far."""
+    rows = steady_rows(frame)
+    column = throughput_column(model)
+    peak = summary.get("peak_mem_bytes") or (
+        float(frame["mem_peak_bytes"].max()) if len(frame) else None)
+    return LiveHeadline(
+        throughput=summary.get(column) or _median(rows, column),
+        throughput_unit=throughput_unit(model),
+        step_time_ms=summary.get("step_time_ms") or _median(rows, "step_time_ms"),
+        peak_mem_bytes=peak,
+        mfu=summary.get("mfu") or _median(rows, "mfu"),
+        achieved_tflops=summary.get("achieved_tflops") or _median(rows, "achieved_tflops"))
+
+
+def eta_s(frame: pd.DataFrame, steps_done: int, total_steps: int) -> float | None:
+    """Seconds left at the steady median step time (all rows before steady ones exist)."""
+    step_ms = steady_median(frame, "step_time_ms")
+    if step_ms is None and len(frame):
+        step_ms = _median(frame, "step_time_ms")
+    return None if step_ms is None else (total_steps - steps_done) * step_ms / 1000.0

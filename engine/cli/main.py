@@ -1,0 +1,43 @@
+"""`python -m engine ...`: the same runs as the app, headless, for terminals, CI and scripts.
+
+Contract (scripts depend on it): invalid input exits 2 with one line on stderr naming
+the field; `--json` makes the last stdout line one JSON object. One module per command
+group registers its sub-commands here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from engine.cli import hardware, kernels, report, runs, sweep
+from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, Parser, UsageError
+from engine.store import RunNotFound, StoreError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m engine",
+                    description="Precision Lab: mixed-precision training runs, headless.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for group in (runs, kernels, hardware, report, sweep):
+        group.add_subparsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except BrokenPipeError:  # `python -m engine list | head`
+        return EXIT_OK

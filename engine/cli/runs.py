@@ -1,0 +1,300 @@
+"""The run commands: run (foreground), launch (background), show, list, stop, maxbatch.
+
+Every RunConfig field is an option (generated from the dataclass, so the CLI never lags
+the config); a bad value exits 2 naming the flag (engine.cli.errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from enum import Enum
+from typing import Any
+
+from engine.admission import check_runnable
+from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
+from engine.config import (
+    CommHook,
+    ConfigError,
+    ModelName,
+    ModelSize,
+    OptimizerName,
+    Precision,
+    RunConfig,
+    Sharding,
+    choices,
+    field_doc,
+)
+from engine.run.batch_search import find_max_batch
+from engine.run.launcher import launch, reconcile, stop
+from engine.schema import FINAL_STATUSES, FINISHED
+from engine.store import Store, validate_run_id
+
+_ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
+                 "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook}
+
+
+def add_subparsers(sub) -> None:
+    """The run commands, on the top-level parser's sub-command set."""
+    run_parser = sub.add_parser("run", help="train in the foreground; recorded like any other run")
+    _add_config_options(run_parser)
+    run_parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    run_parser.set_defaults(func=cmd_run)
+
+    launch_parser = sub.add_parser("launch", help="start a run in the background and return at once")
+    _add_config_options(launch_parser)
+    launch_parser.add_argument("--json", action="store_true")
+    launch_parser.set_defaults(func=cmd_launch)
+
+    show_parser = sub.add_parser("show", help="one run's status and config")
+    show_parser.add_argument("run_id")
+    show_parser.add_argument("--json", action="store_true")
+    show_parser.set_defaults(func=cmd_show)
+
+    listing_parser = sub.add_parser("list", help="all runs, newest first")
+    listing_parser.add_argument("--json", action="store_true")
+    listing_parser.set_defaults(func=cmd_list)
+
+    stop_parser = sub.add_parser("stop", help="stop a queued or running run")
+    stop_parser.add_argument("run_id")
+    stop_parser.add_argument("--json", action="store_true")
+    stop_parser.set_defaults(func=cmd_stop)
+
+    maxbatch_parser = sub.add_parser("maxbatch", help="find the largest batch size that fits "
+                              "(bounded search of short probes)")
+    _add_config_options(maxbatch_parser)
+    maxbatch_parser.add_argument("--run", dest="run_id", default=None,
+                          help="search with this run's config and device; stores the result "
+                               "in the run (other config options are then ignored)")
+    maxbatch_parser.add_argument("--max-batch", type=typed(int, "--max-batch"), default=4096,
+                          help="upper bound of the search (default 4096)")
+    maxbatch_parser.add_argument("--max-probes", type=typed(int, "--max-probes"), default=10)
+    maxbatch_parser.add_argument("--json", action="store_true")
+    maxbatch_parser.set_defaults(func=cmd_maxbatch)
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per RunConfig field, generated so the CLI never lags the config."""
+    for fld in dataclasses.fields(RunConfig):
+        flag = flag_for(fld.name)
+        help_text = field_doc(fld.name)
+        if fld.name in _ENUM_CHOICES:
+            help_text += f" Choices: {', '.join(choices(_ENUM_CHOICES[fld.name]))}."
+        if isinstance(fld.default, bool):
+            parser.add_argument(flag, dest=fld.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        else:
+            default = fld.default.value if isinstance(fld.default, Enum) else fld.default
+            # Enum fields take the string; RunConfig names the choices when it is wrong.
+            kind = type(default) if default is not None else str
+            parser.add_argument(flag, dest=fld.name, type=typed(kind, flag), default=None,
+                                help=f"{help_text} Default: {default!r}.")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+             if getattr(args, f.name, None) is not None}
+    try:
+        return RunConfig(**given)
+    except ConfigError as exc:
+        raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+
+
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    run_id = _launch_checked(cfg, Store())
+    print(json.dumps({"run_id": run_id}) if args.json else run_id)
+    return EXIT_OK
+
+
+def _launch_checked(cfg: RunConfig, store: Store) -> str:
+    try:
+        _device, warnings = check_runnable(cfg)
+    except ConfigError as exc:
+        raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return launch(cfg, store)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    store = Store()
+    run_id = _launch_checked(cfg, store)
+    print(f"run {run_id}: {cfg.label}", file=sys.stderr)
+    try:
+        run = _follow(run_id, store)
+    except KeyboardInterrupt:
+        print(f"\nstopping run {run_id} ...", file=sys.stderr)
+        run = stop(run_id, store)
+    summary = run_summary(run_id, store)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_format_summary(summary))
+    return EXIT_OK if summary["status"] == FINISHED else EXIT_RUN_FAILED
+
+
+def _follow(run_id: str, store: Store):
+    """Print progress to stderr until the run reaches a final status."""
+    last_step, last_reconcile = 0, time.monotonic()
+    while True:
+        run = store.get_run(run_id)
+        row = store.last_metric(run_id)
+        if row and row["step"] != last_step:
+            last_step = row["step"]
+            rate = row.get("samples_per_s")
+            loss = row["loss"]  # NaN is stored as NULL: a diverged step reads back as None
+            print(f"  step {row['step']:>6}/{run.total_steps}  loss "
+                  + (f"{loss:.4f}" if loss is not None else "nan")
+                  + (f"  {rate:,.1f} samples/s" if rate else ""), file=sys.stderr)
+        if run.status in FINAL_STATUSES:
+            return run
+        if time.monotonic() - last_reconcile > 2.0:
+            reconcile(store)
+            last_reconcile = time.monotonic()
+        time.sleep(0.2)
+
+
+def run_summary(run_id: str, store: Store) -> dict[str, Any]:
+    run = store.get_run(run_id)
+    s = run.summary
+    last = store.last_metric(run_id) or {}
+    uses_scaler = run.config.uses_grad_scaler
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "reason": run.reason,
+        "steps_completed": run.steps_completed,
+        "first_loss": _finite_or_none(s.get("first_loss")),
+        "final_loss": _finite_or_none(s.get("final_loss", last.get("loss"))),
+        "samples_per_s": s.get("samples_per_s"),
+        "tokens_per_s": s.get("tokens_per_s"),
+        "step_time_ms": s.get("step_time_ms"),
+        "peak_mem_bytes": s.get("peak_mem_bytes", last.get("mem_peak_bytes")),
+        "loss_scale_final": (s.get("loss_scale_final", last.get("loss_scale"))
+                             if uses_scaler else None),
+        "skipped_steps": int(s.get("skipped_steps", last.get("skipped_steps") or 0) or 0),
+        "achieved_tflops": s.get("achieved_tflops"),
+        "flops_per_step": s.get("flops_per_step"),
+        "param_count": s.get("param_count"),
+        "device": run.device_key,
+        "device_name": run.device_name,
+        "precision": run.config.precision,
+        "model": run.config.model,
+        "size": run.config.size,
+        "batch_size": run.config.batch_size,
+    }
+
+
+def _finite_or_none(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"run {summary['run_id']}: {summary['status']}"
+             + (f" ({summary['reason']})" if summary.get("reason") else "")]
+    for key in ("steps_completed", "first_loss", "final_loss", "samples_per_s", "step_time_ms",
+                "peak_mem_bytes", "loss_scale_final", "skipped_steps", "device"):
+        value = summary.get(key)
+        if isinstance(value, float):
+            value = f"{value:,.4g}"
+        lines.append(f"  {key:<18} {value}")
+    return "\n".join(lines)
+
+
+def cmd_maxbatch(args: argparse.Namespace) -> int:
+    if args.max_batch < 1 or args.max_probes < 1:
+        raise UsageError(f"--max-batch {args.max_batch} / --max-probes {args.max_probes}: "
+                         "both must be at least 1")
+    store = Store()
+    if args.run_id:
+        run = store.get_run(_valid_run_id(args.run_id))
+        cfg, device_key = run.config, run.device_key
+    else:
+        cfg = config_from_args(args)
+        try:
+            device_key = check_runnable(cfg)[0].key
+        except ConfigError as exc:
+            raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
+
+    def progress(message: dict) -> None:
+        verdict = "fits" if message["fits"] else f"does not fit ({message['reason'][:80]})"
+        print(f"  batch {message['probe']:>6}: {verdict}", file=sys.stderr)
+
+    result = find_max_batch(cfg, device_key, args.max_batch, args.max_probes, progress)
+    if args.run_id:
+        store.merge_summary(args.run_id, {"max_batch_fit": result["max_batch_fit"],
+                                          "max_batch_search": result})
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"largest batch that fits: {result['max_batch_fit']}"
+              + ("" if result.get("complete") else " (search incomplete)"))
+    return EXIT_OK if result["max_batch_fit"] else EXIT_RUN_FAILED
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    run_id = _valid_run_id(args.run_id)
+    store = Store()
+    reconcile(store)
+    run = store.get_run(run_id)
+    info = {
+        "run_id": run.id, "status": run.status, "reason": run.reason, "pid": run.pid,
+        "steps_completed": run.steps_completed, "total_steps": run.total_steps,
+        "metrics_rows": store.metrics_count(run_id), "device": run.device_key,
+        "device_name": run.device_name, "created_at": run.created_at,
+        "started_at": run.started_at, "ended_at": run.ended_at,
+        "config": run.config.to_dict(), "summary": run.summary,
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            print(f"{key:<16} {json.dumps(value) if isinstance(value, dict) else value}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = Store()
+    reconcile(store)
+    runs = store.list_runs()
+    rows = [{"run_id": r.id, "status": r.status, "model": r.config.model, "size": r.config.size,
+             "precision": r.config.precision, "batch_size": r.config.batch_size,
+             "steps_completed": r.steps_completed, "total_steps": r.total_steps,
+             "device": r.device_key, "final_loss": _finite_or_none(r.summary.get("final_loss")),
+             "samples_per_s": r.summary.get("samples_per_s")} for r in runs]
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    header = f"{'run_id':<24} {'status':<9} {'model':<12} {'precision':<10} {'batch':>6} {'steps':>13}"
+    print(header)
+    for row in rows:
+        print(f"{row['run_id']:<24} {row['status']:<9} {row['model'] + '-' + row['size']:<12} "
+              f"{row['precision']:<10} {row['batch_size']:>6} "
+              f"{str(row['steps_completed']) + '/' + str(row['total_steps']):>13}")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    run = stop(_valid_run_id(args.run_id), Store())
+    if args.json:
+        print(json.dumps({"run_id": run.id, "status": run.status, "reason": run.reason}))
+    else:
+        print(f"run {run.id}: {run.status}" + (f" ({run.reason})" if run.reason else ""))
+    return EXIT_OK
+
+
+def _valid_run_id(run_id: str) -> str:
+    try:
+        return validate_run_id(run_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+

@@ -1,0 +1,108 @@
+"""Ray without importing ray: the cluster address (configured or typed), its validation,
+the resources each run asks for, and whether a Ray sweep can start here. The sweep
+module, the CLI, the pages and the driver all use these.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from engine.config import ConfigError
+
+RAY_ADDRESS_ENV = "PRECISION_LAB_RAY_ADDRESS"
+MAX_GPUS_PER_RUN = 8
+MAX_CPUS_PER_RUN = 64
+DEFAULT_STOP_GRACE_S = 5.0  # ray: cooperative stop first, ray.cancel(force=True) after this
+# ray.init retries for many minutes against a port that is not a Ray head; fail sooner.
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
+RAY_PROBE_TIMEOUT_S = 2.0
+
+# host:port with a DNS name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS_RE = re.compile(r"^(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
+                         r":(?P<port>\d{1,5})$")
+
+
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How each Ray task asks for resources, and how long a stop may take."""
+
+    gpus_per_run: int = 1
+    """GPUs each run reserves on a cluster with GPUs (training uses the first)."""
+    cpus_per_run: int = 1
+    """CPUs each run reserves; on a CPU-only cluster this is what Ray schedules by."""
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    """Seconds a run has to stop by itself before its Ray task is force-cancelled."""
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    """Seconds the driver waits for the cluster to answer before the sweep fails."""
+
+    def __post_init__(self) -> None:
+        for name, high in (("gpus_per_run", MAX_GPUS_PER_RUN), ("cpus_per_run", MAX_CPUS_PER_RUN)):
+            value = getattr(self, name)
+            low = 0 if name == "gpus_per_run" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(name, value, f"a whole number in [{low}, {high}]")
+        for name, low, example in (("stop_grace_s", 0, 5), ("connect_timeout_s", 1, 60)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or not low <= value <= 600:
+                raise ConfigError(name, value, f"seconds in [{low}, 600], e.g. {example}")
+
+
+def default_ray_address() -> str:
+    """The configured cluster (env PRECISION_LAB_RAY_ADDRESS), '' for local sweeps."""
+    return os.environ.get(RAY_ADDRESS_ENV, "").strip()
+
+
+def validate_ray_address(address: str) -> str:
+    """'host:port' of the cluster's head (GCS), or 'auto' for the cluster this machine
+    joined with `ray start`. Ray Client addresses (ray://) are refused: results are
+    written next to the data directory by an actor on the driver's node, so the driver
+    must run here, on a node of the cluster."""
+    text = (address or "").strip()
+    if text == "auto":
+        return text
+    if text.startswith("ray://"):
+        raise ConfigError("ray_address", text,
+                          "Ray Client (ray://) is not supported: join this machine to the "
+                          "cluster (`ray start --address=HEAD:6379`) and give HEAD:6379 or auto")
+    match = _ADDRESS_RE.fullmatch(text)
+    if not match or not 1 <= int(match["port"]) <= 65535:
+        raise ConfigError("ray_address", text,
+                          "expected HOST:PORT of the Ray head, e.g. 10.0.0.5:6379, or auto")
+    return text
+
+
+def ray_installed() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def ray_problem(address: str) -> str | None:
+    """Why a Ray sweep cannot start now (plain words), or None when it looks possible.
+
+    Checks without importing ray or joining the cluster: ray installed, address valid,
+    head's port reachable. The driver reports anything deeper (e.g. version mismatch)
+    in the sweep's status.
+    """
+    if not ray_installed():
+        return "Ray is not installed here: pip install -r requirements-ray.txt"
+    try:
+        address = validate_ray_address(address)
+    except ConfigError as exc:
+        return str(exc)
+    if address == "auto":
+        return None
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        return (f"cannot reach the Ray cluster at {address} ({why}); start its head with "
+                f"`ray start --head --port {port}` or fix the address")

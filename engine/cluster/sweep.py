@@ -1,0 +1,375 @@
+"""Sweeps: a grid of runs (models x precisions x batch sizes, common settings shared),
+executed on this machine's device queue or on a Ray cluster, and the results matrix.
+
+Every run of a sweep is an ordinary run in the store (create_run with its RunConfig), so
+the Live, Runs and Compare pages show sweep runs like any other; `sweep_runs` links them.
+
+- local backend: each run is started with `engine.run.launcher.launch`; the store's FIFO,
+  one-run-per-device queue runs them one after another.
+- ray backend: the runs are recorded as queued and one driver process
+  (`python -m engine.cluster.ray_driver SWEEP_ID`, see engine/cluster/ray_driver.py) submits them as Ray
+  tasks and writes their results back into this store.
+
+Imports neither ray (only the driver process does) nor torch at module level: the CLI
+and the pages load it cheaply.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
+from engine.cluster.ray_runs import request_ray_stops, wait_ray_runs_ended
+from engine.config import (
+    MAX_BATCH_SIZE,
+    ConfigError,
+    ModelName,
+    ModelSize,
+    Precision,
+    RunConfig,
+    choices,
+)
+from engine.presets import check_all, launch_many
+from engine.proc import PROJECT_ROOT, process_create_time
+from engine.run.launcher import reconcile, stop
+from engine.schema import (
+    DRIVER_LOG,
+    FINISHED,
+    QUEUED,
+    SWEEP_DONE,
+    SWEEP_FAILED,
+    SWEEP_LOCAL,
+    SWEEP_RAY,
+    SWEEP_RUNNING,
+)
+from engine.store import RunRecord, Store, SweepRecord
+
+# Every local run holds a waiting supervisor process until its turn, and a sweep is for
+# answering one question: past this many runs, split the question.
+MAX_SWEEP_RUNS = 48
+
+# Results matrix metrics: key -> (label, unit).
+MATRIX_METRICS = {
+    "throughput_x": ("throughput vs the baseline precision", "x"),
+    "samples_per_s": ("throughput", "samples/s"),
+    "peak_mem_gib": ("peak memory", "GiB"),
+    "final_loss": ("final loss", ""),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# the grid
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """The runs of a sweep: every combination of models x precisions x batch sizes, with
+    the remaining RunConfig settings shared."""
+
+    models: tuple[str, ...] = (ModelName.MLP.value,)
+    precisions: tuple[str, ...] = (Precision.FP32.value,)
+    batch_sizes: tuple[int, ...] = (16,)
+    size: str = ModelSize.TINY.value
+    """tiny | small | medium, for every model."""
+    steps: int = 30
+    """Optimizer steps per run."""
+    device: str = "auto"
+    """Local backend: auto | cpu | cuda | cuda:N. The ray backend lets Ray place each run."""
+    profile: bool = True
+    """Profile a short window per run (kernel breakdown, Tensor-Core / CPU evidence)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", _enum_list("models", self.models, ModelName, "model"))
+        object.__setattr__(self, "precisions",
+                           _enum_list("precisions", self.precisions, Precision, "precision"))
+        object.__setattr__(self, "batch_sizes", _batch_list(self.batch_sizes))
+        if self.run_count > MAX_SWEEP_RUNS:
+            raise ConfigError(
+                "grid", f"{len(self.models)} x {len(self.precisions)} x {len(self.batch_sizes)}",
+                f"models x precisions x batch_sizes = {self.run_count} runs, more than the "
+                f"{MAX_SWEEP_RUNS} one sweep may create; drop some values or split the grid "
+                "into several sweeps")
+        self.configs()  # size, steps, device: RunConfig's own checks name the field
+
+    @property
+    def run_count(self) -> int:
+        return len(self.models) * len(self.precisions) * len(self.batch_sizes)
+
+    def configs(self) -> list[RunConfig]:
+        """One RunConfig per grid point, models outermost, batch sizes innermost."""
+        return [RunConfig(model=model, size=self.size, precision=precision, batch_size=batch,
+                          steps=self.steps, device=self.device, profile=self.profile)
+                for model, precision, batch in itertools.product(
+                    self.models, self.precisions, self.batch_sizes)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value
+                for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SweepGrid":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v
+                      for k, v in data.items() if k in known})
+
+
+def _split(value: str | Iterable) -> list:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return list(value)
+
+
+def _enum_list(name: str, values, enum_type, noun: str) -> tuple[str, ...]:
+    items = [v.value if hasattr(v, "value") else v for v in _split(values)]
+    if not items:
+        raise ConfigError(name, values, f"choose at least one {noun}: "
+                                        f"{', '.join(choices(enum_type))}")
+    for item in items:
+        if item not in choices(enum_type):
+            raise ConfigError(name, item, f"unknown {noun}; choose from "
+                                          f"{', '.join(choices(enum_type))}")
+    return tuple(dict.fromkeys(items))  # duplicates would only repeat a run
+
+
+def _batch_list(values) -> tuple[int, ...]:
+    items = _split(values)
+    if not items:
+        raise ConfigError("batch_sizes", values, "give at least one batch size, e.g. 8,16")
+    sizes = []
+    for item in items:
+        try:
+            size = int(item) if not isinstance(item, bool) else None
+        except (TypeError, ValueError):
+            size = None
+        if size is None or str(item).strip() != str(size) or not 1 <= size <= MAX_BATCH_SIZE:
+            raise ConfigError("batch_sizes", item, f"a whole number in [1, {MAX_BATCH_SIZE}] "
+                                                   "per batch size, e.g. 8,16,32")
+        sizes.append(size)
+    return tuple(dict.fromkeys(sizes))
+
+
+# ---------------------------------------------------------------------------------------
+# creating and stopping sweeps
+
+
+def create_sweep(grid: SweepGrid, store: Store | None = None, ray_address: str = "",
+                 ray_options: RayOptions | None = None) -> str:
+    """Record the sweep and start its runs; return the sweep id.
+
+    Everything is checked before anything is recorded: a bad grid creates no run.
+    """
+    store = store or Store()
+    if ray_address:
+        return _create_ray_sweep(grid, store, validate_ray_address(ray_address),
+                                 ray_options or RayOptions())
+    return _create_local_sweep(grid, store)
+
+
+def _create_local_sweep(grid: SweepGrid, store: Store) -> str:
+    # A mode this device cannot run: ConfigError naming precision, before the sweep exists.
+    configs = check_all(grid.configs())
+    sweep_id = store.create_sweep(grid.to_dict(), SWEEP_LOCAL)
+    launch_many(configs, store, on_launched=lambda position, run_id: store.link_sweep_run(
+        sweep_id, run_id, position))
+    return sweep_id
+
+
+def _create_ray_sweep(grid: SweepGrid, store: Store, address: str, options: RayOptions) -> str:
+    problem = ray_problem(address)
+    if problem:
+        raise ConfigError("ray_address", address, problem)
+    sweep_id = store.create_sweep(grid.to_dict(), SWEEP_RAY, address, asdict(options))
+    for position, cfg in enumerate(grid.configs()):
+        # Placed later by Ray: "ray" never matches a local device key, so these runs
+        # neither wait in nor block this machine's device queues.
+        run_id = store.create_run(cfg, "ray", f"Ray cluster at {address}: waiting for a node")
+        store.link_sweep_run(sweep_id, run_id, position)
+    start_driver(sweep_id, store)
+    return sweep_id
+
+
+def driver_log_path(store: Store, sweep_id: str):
+    path = store.home / "sweeps" / sweep_id
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path / DRIVER_LOG
+
+
+def start_driver(sweep_id: str, store: Store) -> int:
+    """`python -m engine.cluster.ray_driver SWEEP_ID` in its own session (like a run's worker);
+    its pid becomes the pid of every run of the sweep, so reconcile notices its death."""
+    env = dict(os.environ)
+    env["PRECISION_LAB_HOME"] = str(store.home)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(driver_log_path(store, sweep_id), "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.cluster.ray_driver", sweep_id],  # an argument list: no shell
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=str(PROJECT_ROOT), env=env, start_new_session=True, close_fds=True)
+    created = process_create_time(proc.pid)
+    store.set_sweep_driver(sweep_id, proc.pid, created)
+    for run_id in store.get_sweep(sweep_id).run_ids:
+        store.update_run(run_id, pid=proc.pid, pid_create_time=created)
+    return proc.pid
+
+
+def stop_sweep(sweep_id: str, store: Store | None = None) -> list[RunRecord]:
+    """Stop every active run of the sweep; return the runs as they are afterwards."""
+    store = store or Store()
+    sweep = store.get_sweep(sweep_id)
+    if sweep.backend == SWEEP_RAY:
+        # Ask for all stops first, then wait once: the driver stops them in parallel.
+        pending = request_ray_stops(store, sweep.run_ids)
+        wait_ray_runs_ended(store, sweep, pending)
+    else:
+        # Queued ones first, so none of them grabs the device when the running one ends.
+        runs = [store.get_run(run_id) for run_id in sweep.run_ids]
+        for run in sorted(runs, key=lambda r: r.status != QUEUED):
+            if run.is_active:
+                stop(run.id, store)
+    return [store.get_run(run_id) for run_id in sweep.run_ids]
+
+
+# ---------------------------------------------------------------------------------------
+# reading a sweep
+
+
+@dataclass
+class SweepView:
+    sweep: SweepRecord
+    grid: SweepGrid
+    runs: list[RunRecord]
+    status: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def sweep_view(store: Store, sweep_id: str) -> SweepView:
+    sweep = store.get_sweep(sweep_id)
+    runs = [store.get_run(run_id) for run_id in sweep.run_ids]
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.status] = counts.get(run.status, 0) + 1
+    return SweepView(sweep, SweepGrid.from_dict(sweep.grid), runs,
+                     sweep_status(sweep, runs), counts)
+
+
+def sweep_status(sweep: SweepRecord, runs: list[RunRecord]) -> str:
+    """running while any run is active; failed when the sweep itself failed (e.g. the
+    Ray cluster was unreachable); done otherwise (each run keeps its own status)."""
+    if any(run.is_active for run in runs):
+        return SWEEP_RUNNING
+    return SWEEP_FAILED if sweep.status == SWEEP_FAILED else SWEEP_DONE
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no runs"
+
+
+def baseline_precision(precisions: Iterable[str]) -> str:
+    precisions = list(precisions)
+    return Precision.FP32.value if Precision.FP32.value in precisions else precisions[0]
+
+
+def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
+    """model -> DataFrame (rows: precision, columns: batch size) of `metric` over the
+    sweep's finished runs; NaN where a run did not finish (its status is in `status`).
+
+    Returns {"values": {model: frame}, "status": {model: frame of run status}, ...}.
+    throughput_x divides each run's steady-state samples/s by the baseline precision's
+    (fp32 when in the grid, else the first precision) at the same model and batch size.
+    """
+    import pandas as pd
+
+    if metric not in MATRIX_METRICS:
+        raise ConfigError("metric", metric, f"choose one of {', '.join(MATRIX_METRICS)}")
+    grid = view.grid
+    baseline = baseline_precision(grid.precisions)
+    cells = {(r.config.model, r.config.precision, r.config.batch_size): r for r in view.runs}
+    values, statuses = {}, {}
+    for model in grid.models:
+        frame = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
+                             dtype=float)
+        status = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
+                              dtype=object)
+        for precision, batch in itertools.product(grid.precisions, grid.batch_sizes):
+            run = cells.get((model, precision, batch))
+            status.loc[precision, batch] = run.status if run else "missing"
+            base = cells.get((model, baseline, batch))
+            frame.loc[precision, batch] = _cell_value(run, base, metric)
+        frame.index.name, frame.columns.name = "precision", "batch size"
+        values[model], statuses[model] = frame, status
+    label, unit = MATRIX_METRICS[metric]
+    return {"values": values, "status": statuses, "baseline": baseline, "metric": metric,
+            "label": label, "unit": unit}
+
+
+def _cell_value(run: RunRecord | None, base: RunRecord | None, metric: str) -> float:
+    if run is None or run.status != FINISHED:
+        return math.nan
+    summary = run.summary
+    if metric == "throughput_x":
+        own = _finite(summary.get("samples_per_s"))
+        ref = _finite(base.summary.get("samples_per_s")) if base and base.status == FINISHED else None
+        return own / ref if own and ref else math.nan
+    if metric == "peak_mem_gib":
+        peak = _finite(summary.get("peak_mem_bytes"))
+        return peak / 2**30 if peak else math.nan
+    value = _finite(summary.get(metric))
+    return value if value is not None else math.nan
+
+
+def _finite(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def matrix_text(matrix: dict[str, Any]) -> str:
+    """The results matrix as plain text: one block per model, n/a (status) where a run
+    has no value."""
+    unit = f" ({matrix['unit']})" if matrix["unit"] else ""
+    lines = [f"{matrix['label']}{unit}" + (f", baseline {matrix['baseline']}"
+                                             if matrix["metric"] == "throughput_x" else "")]
+    for model, frame in matrix["values"].items():
+        status = matrix["status"][model]
+        header = [model] + [f"bs{b}" for b in frame.columns]
+        rows = [[precision] + [_cell_text(frame.loc[precision, b], status.loc[precision, b],
+                                          matrix["metric"])
+                               for b in frame.columns] for precision in frame.index]
+        widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+        lines.append("")
+        for row in [header] + rows:
+            lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                   for i, (cell, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines)
+
+
+def _cell_text(value: float, status: str, metric: str) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.2f}x" if metric == "throughput_x" else f"{value:.4g}"
+    return "n/a" if status == FINISHED else f"n/a ({status})"
+
+
+def wait_sweep(store: Store, sweep_id: str, timeout_s: float, poll_s: float = 0.5) -> SweepView:
+    """Poll until no run of the sweep is active (or the timeout); the last view."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reconcile(store)
+        view = sweep_view(store, sweep_id)
+        if view.status != SWEEP_RUNNING or time.monotonic() >= deadline:
+            return view
+        time.sleep(poll_s)
+
+
+__all__ = [
+    "MATRIX_METRICS", "MAX_SWEEP_RUNS", "SweepGrid",
+    "SweepView", "create_sweep", "matrix_text",
+    "results_matrix", "stop_sweep", "sweep_view",
+    "wait_sweep",
+]

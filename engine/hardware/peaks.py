@@ -1,0 +1,385 @@
+"""Peak FLOP/s per device and compute dtype: the denominator of MFU.
+
+Known GPUs: the dense datasheet figures of engine.hardware.gpus (sources in
+docs/precision-reference.md#peak-throughput), matched on the exact device name NVML/torch
+report. Anything else (a CPU, an unlisted GPU): measured with a short
+matmul microbenchmark of that dtype and cached in `$PRECISION_LAB_HOME/peaks_cache.json`,
+so workers do not re-measure on every run. Where no honest peak exists (tf32 on a V100,
+fp8 on a CPU), the answer is None with the reason: MFU is then omitted, not invented.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import ModelName, Precision, RunConfig
+from engine.hardware.devices import EMULATED, UNSUPPORTED, DeviceInfo, mode_support
+from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
+from engine.store import default_home
+
+COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+CACHE_FILENAME = "peaks_cache.json"
+MEASURE_BUDGET_S = 1.5
+SOURCE_MEASURED = "measured (matmul microbenchmark)"
+SOURCE_NA = "n/a"
+
+# The precision mode whose support decides whether a dtype can be measured on a device.
+_MODE_FOR_DTYPE = {
+    "fp32": Precision.FP32, "tf32": Precision.TF32, "fp16": Precision.FP16_AMP,
+    "bf16": Precision.BF16_AMP, "fp8": Precision.FP8,
+}
+
+
+@dataclass
+class PeakInfo:
+    flops_per_s: float | None  # FLOP/s (not TFLOP/s); None when there is no honest peak
+    source: str                # "datasheet (<row>)" | "measured (matmul microbenchmark)" | "n/a"
+    note: str                  # why this peak, or why none
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------
+# names and dtypes
+
+
+def _check_dtype(compute_dtype: str) -> None:
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={compute_dtype!r}: choose one of "
+                         f"{', '.join(COMPUTE_DTYPES)}")
+
+
+# ---------------------------------------------------------------------------------------
+# peak_for
+
+
+def peak_for(device: DeviceInfo, compute_dtype: str, measure: bool = True) -> PeakInfo:
+    """The peak FLOP/s to divide achieved FLOP/s by, with where it came from.
+
+    `measure=False` never runs a benchmark: it answers from the datasheet or the cache
+    only (for a UI that must not stall), else n/a.
+    """
+    _check_dtype(compute_dtype)
+    if device.kind == "cuda":
+        row = datasheet_row(device.name)
+        if row is not None:
+            return _datasheet_peak(row, compute_dtype)
+    support = mode_support(device, _MODE_FOR_DTYPE[compute_dtype])
+    if support.status == UNSUPPORTED:
+        return PeakInfo(None, SOURCE_NA, f"{compute_dtype} cannot run on {device.name}: "
+                                         f"{support.reason}")
+    flops = _cached_or_measured(device, compute_dtype, measure)
+    if flops is None:
+        return PeakInfo(None, SOURCE_NA, f"no datasheet peak for {device.name} and no cached "
+                                         "measurement yet (run `python -m engine check`)")
+    return PeakInfo(flops, SOURCE_MEASURED, _measured_note(device, compute_dtype, support))
+
+
+def _datasheet_peak(row: str, compute_dtype: str) -> PeakInfo:
+    tflops = DATASHEET_TFLOPS[row][compute_dtype]
+    if tflops is None:
+        return PeakInfo(None, SOURCE_NA, f"{row} has no {compute_dtype} matrix units, so its "
+                                         f"datasheet lists no {compute_dtype} peak; MFU is "
+                                         "not defined for this mode on this GPU")
+    return PeakInfo(tflops * 1e12, f"datasheet ({row})",
+                    f"dense {compute_dtype} peak from the vendor datasheet, no sparsity")
+
+
+def _measured_note(device: DeviceInfo, compute_dtype: str, support) -> str:
+    where = "this CPU" if device.kind == "cpu" else f"{device.name} (not in the datasheet table)"
+    note = (f"best {compute_dtype} matmul rate measured on {where} with "
+            f"{_threads_label(device)}; MFU is relative to what this machine can do")
+    if support.status == EMULATED:
+        note += (f". {compute_dtype} is emulated here ({support.reason}): it runs far slower "
+                 f"than fp32, so MFU against the measured {compute_dtype} peak is the honest "
+                 f"figure (against the fp32 peak it would look near zero); compare samples/s "
+                 f"with an fp32 run to see the real cost")
+    return note
+
+
+def _threads_label(device: DeviceInfo) -> str:
+    if device.kind != "cpu":
+        return "cuBLAS"
+    import torch
+
+    return f"{torch.get_num_threads()} torch threads"
+
+
+# ---------------------------------------------------------------------------------------
+# measurement and cache
+
+
+def cache_path() -> Path:
+    return default_home() / CACHE_FILENAME
+
+
+def _cache_key(device: DeviceInfo, compute_dtype: str) -> str:
+    import torch
+
+    # Threads and torch version change the achievable rate, so they are part of the key.
+    threads = torch.get_num_threads() if device.kind == "cpu" else 0
+    return f"{device.key}|{device.name}|{compute_dtype}|torch {torch.__version__}|threads {threads}"
+
+
+def read_cache() -> dict[str, Any]:
+    try:
+        with open(cache_path(), encoding="utf-8") as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):  # missing or half-written by a killed process: re-measure
+        return {}
+
+
+def _write_cache_entry(key: str, entry: dict[str, Any]) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = read_cache()
+        data[key] = entry
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: concurrent workers never read a torn file
+    except OSError:
+        pass  # a read-only data dir only costs a re-measurement next time
+
+
+def _cached_or_measured(device: DeviceInfo, compute_dtype: str, measure: bool) -> float | None:
+    key = _cache_key(device, compute_dtype)
+    entry = read_cache().get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("flops_per_s"), (int, float)):
+        return float(entry["flops_per_s"])
+    if not measure:
+        return None
+    result = measure_matmul(device.key, compute_dtype, budget_s=MEASURE_BUDGET_S)
+    _write_cache_entry(key, {"flops_per_s": result.flops_per_s, "n": result.n,
+                             "measured_at": time.time(), "device_name": device.name})
+    return result.flops_per_s
+
+
+@dataclass
+class MatmulTiming:
+    flops_per_s: float  # best rate over the repetitions
+    n: int              # square matrix side used
+    reps: int
+    elapsed_s: float
+
+
+def matmul_operands(device_key: str, compute_dtype: str, n: int):
+    """(fn, a, b): fn(a, b) runs one n x n x n matmul in `compute_dtype`.
+
+    fp8 goes through torch._scaled_mm (e4m3 inputs, unit scales, bf16 output); its
+    second operand must be column-major, hence the transpose of a contiguous tensor.
+    """
+    import torch
+
+    device = torch.device(device_key)
+    if compute_dtype == "fp8":
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+        scale = torch.ones((), device=device, dtype=torch.float32)
+
+        def fp8_mm(x, y):
+            return torch._scaled_mm(x, y, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+
+        return fp8_mm, a, b
+    from engine.training.precision import torch_dtype  # imports torch: a benchmark needs it
+
+    dtype = torch_dtype(compute_dtype)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return torch.matmul, a, b
+
+
+class tf32_mode:
+    """Context: TF32 matmuls on (tf32) or strictly off (everything else), restored after.
+
+    Only matters on CUDA; the fp32 line of the check must not silently use TF32.
+    """
+
+    def __init__(self, device_key: str, compute_dtype: str):
+        self.active = device_key.startswith("cuda")
+        self.enabled = compute_dtype == "tf32"
+        self._saved = None
+
+    def __enter__(self):
+        if self.active:
+            # imports torch: only a benchmark switches TF32
+            from engine.training.precision import set_tf32
+
+            self._saved = _tf32_flags()
+            set_tf32(self.enabled)
+        return self
+
+    def __exit__(self, *_exc):
+        if self.active and self._saved is not None:
+            _restore_tf32_flags(self._saved)
+
+
+def _tf32_flags() -> tuple:
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return ("precision", matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    return ("allow", matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+
+def _restore_tf32_flags(saved: tuple) -> None:
+    import torch
+
+    kind, matmul_value, conv_value = saved
+    if kind == "precision":
+        torch.backends.cuda.matmul.fp32_precision = matmul_value
+        torch.backends.cudnn.conv.fp32_precision = conv_value
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = matmul_value
+        torch.backends.cudnn.allow_tf32 = conv_value
+
+
+def _sync(device_key: str) -> None:
+    if device_key.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(torch.device(device_key))
+
+
+def _time_calls(fn, a, b, device_key: str, reps: int) -> float:
+    """Seconds for `reps` back-to-back calls; one sync at the end (GPU work is async)."""
+    _sync(device_key)
+    start_s = time.perf_counter()
+    for _ in range(reps):
+        fn(a, b)
+    _sync(device_key)
+    return time.perf_counter() - start_s
+
+
+def next_matrix_side(n: int, call_s: float, target_call_s: float, max_n: int) -> int | None:
+    """Double the side while one call of the doubled size (8x the work) would still take
+    under `target_call_s`; None when n should stay. Pure; tested."""
+    if n * 2 > max_n or call_s * 8 > target_call_s:
+        return None
+    return n * 2
+
+
+def measure_matmul(device_key: str, compute_dtype: str, budget_s: float = MEASURE_BUDGET_S,
+                   max_n: int | None = None, min_n: int | None = None) -> MatmulTiming:
+    """Best achieved FLOP/s of square matmuls in `compute_dtype`, within ~`budget_s`.
+
+    The side grows from small by doubling while one call stays short, so a slow
+    (emulated) dtype keeps a small matrix, a fast one reaches a saturating size, and no
+    single uninterruptible call can overrun the budget by much. A ladder rather than a
+    one-shot guess because on a busy CPU a tiny matmul is dominated by thread wake-up
+    (16 ms for a 128^3 fp32 matmul with another process on the cores) and would
+    under-predict the rate. The best repetition is kept: the peak is what the device
+    *can* do.
+    """
+    _check_dtype(compute_dtype)
+    is_gpu = device_key.startswith("cuda")
+    # CPU cap 1024: near the fp32 plateau, and one call stays short even when other
+    # processes steal the cores. GPU: 8192 saturates every GPU in the datasheet table.
+    max_n = max_n or (8192 if is_gpu else 1024)
+    n = min(max_n, min_n or (1024 if is_gpu else 128))
+    target_call_s = budget_s / 10
+    start_s = None
+    with tf32_mode(device_key, compute_dtype):
+        while True:
+            fn, a, b = matmul_operands(device_key, compute_dtype, n)
+            fn(a, b)  # first call at this size: autotuning, page faults
+            # The budget starts after the very first call: one-time library and thread
+            # pool start-up (seconds on a busy CPU, CUDA context on a GPU) is not matmul.
+            start_s = start_s or time.perf_counter()
+            call_s = _time_calls(fn, a, b, device_key, 1)
+            bigger = next_matrix_side(n, call_s, target_call_s, max_n)
+            if bigger is None or time.perf_counter() - start_s > budget_s / 2:
+                break
+            del a, b
+            n = bigger
+        best, reps_done = _repeat_best(fn, a, b, device_key, n, start_s, budget_s)
+    best = max(best, 2.0 * n**3 / max(call_s, 1e-9))
+    return MatmulTiming(flops_per_s=best, n=n, reps=reps_done,
+                        elapsed_s=time.perf_counter() - start_s)
+
+
+def _repeat_best(fn, a, b, device_key: str, n: int, start_s: float,
+                 budget_s: float) -> tuple[float, int]:
+    flops_per_call = 2.0 * n**3
+    best, reps_done, calls = 0.0, 0, 1
+    while True:
+        elapsed_s = _time_calls(fn, a, b, device_key, calls)
+        best = max(best, flops_per_call * calls / elapsed_s)
+        reps_done += 1
+        # Batch fast calls so launch overhead and timer resolution do not count.
+        grow = 2 if elapsed_s < 0.02 else 1
+        spent_s = time.perf_counter() - start_s
+        if spent_s + elapsed_s * grow > budget_s or reps_done >= 50:
+            return best, reps_done
+        calls *= grow
+
+
+# ---------------------------------------------------------------------------------------
+# fp8 advice
+
+FP8_MIN_GEMM_DIM = 2048  # torchao's float8 benchmarks: below ~2048-4096 per dim fp8 loses
+
+
+def linear_gemm_shapes(cfg: RunConfig) -> list[tuple[str, int, int, int]]:
+    """(layer, M, K, N) of the forward GEMMs of the model's nn.Linear layers: the only
+    layers torchao converts to fp8 (convolutions stay in bf16)."""
+    # imports torch: only the fp8 advice needs the model's shapes
+    from engine.training.models import model_spec
+
+    spec = model_spec(cfg)
+    if cfg.model == ModelName.GPT.value:
+        tokens, d = cfg.batch_size * cfg.seq_len, spec.d_model
+        return [("attn.qkv", tokens, d, 3 * d), ("attn.proj", tokens, d, d),
+                ("mlp.fc", tokens, d, 4 * d), ("mlp.proj", tokens, 4 * d, d),
+                ("lm_head", tokens, d, spec.vocab_size)]
+    if cfg.model == ModelName.MLP.value:
+        shapes, width_in = [], spec.input_dim
+        for index in range(spec.depth - 1):
+            shapes.append((f"net.{2 * index}", cfg.batch_size, width_in, spec.hidden_dim))
+            width_in = spec.hidden_dim
+        shapes.append(("head", cfg.batch_size, width_in, spec.num_classes))
+        return shapes
+    return [("head", cfg.batch_size, spec.widths[-1], spec.num_classes)]
+
+
+def fp8_advice(cfg: RunConfig) -> str | None:
+    """A sentence for the user when fp8 will not pay for this model; None when it may
+    (or when the run is not fp8)."""
+    if cfg.precision != Precision.FP8.value:
+        return None
+    compile_hint = ("" if cfg.compile else " Also turn on compile: torchao's fp8 casts are "
+                    "only fast when torch.compile fuses them.")
+    if cfg.model == ModelName.RESNET.value:
+        return ("fp8 will not speed up this ResNet: torchao converts only nn.Linear layers, and "
+                "its matrix work is in convolutions, which stay in bf16. Use bf16-amp."
+                + compile_hint)
+    shapes = [s for s in linear_gemm_shapes(cfg) if s[2] % 16 == 0 and s[3] % 16 == 0]
+    if not shapes:
+        return "No layer of this model has fp8-eligible shapes (multiples of 16); use bf16-amp."
+    flops = {name: 2.0 * m * k * n for name, m, k, n in shapes}
+    big = sum(flops[name] for name, m, k, n in shapes if min(m, k, n) >= FP8_MIN_GEMM_DIM)
+    if big >= 0.5 * sum(flops.values()):
+        return None if cfg.compile else compile_hint.strip()
+    name, m, k, n = max(shapes, key=lambda s: flops[s[0]])
+    return (f"fp8 is likely slower than bf16 here: the largest GEMM ({name}) is "
+            f"M={m} x K={k} x N={n}, and torchao's benchmarks show fp8 only pays when M, K "
+            f"and N are all above about {FP8_MIN_GEMM_DIM}-4096 (the per-tensor scaling "
+            f"costs more than the faster matmul saves on small GEMMs). Use bf16-amp, or a "
+            f"bigger model (size=medium) and more tokens per step (batch_size x seq_len)."
+            + compile_hint)
+
+
+__all__ = [
+    "PeakInfo", "peak_for",
+    "COMPUTE_DTYPES", "measure_matmul", "MatmulTiming", "matmul_operands",
+    "next_matrix_side", "cache_path", "read_cache", "fp8_advice", "linear_gemm_shapes",
+    "tf32_mode",
+]

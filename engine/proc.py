@@ -1,0 +1,83 @@
+"""Process helpers without torch: the project root, the environment of the processes a
+run uses, liveness (pid plus create time, so a reused pid is never mistaken for ours),
+process-group signals, and the address-space cap of memory-capped CPU runs.
+
+The supervisor, the launcher, the standby, the torchrun bookkeeping and the Ray driver
+all use these; none of them may import torch for it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from engine.schema import HOME_ENV
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(home: Path) -> dict[str, str]:
+    """The environment of the processes a run uses (worker, standby trainer)."""
+    env = dict(os.environ)
+    env[HOME_ENV] = str(home)
+    # The worker imports `engine` from this checkout whatever the caller's cwd is.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def process_create_time(pid: int) -> float | None:
+    """When `pid` started (psutil's clock), or None when it is gone or not visible."""
+    try:
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def is_alive(pid: int | None, create_time: float | None) -> bool:
+    """True when `pid` runs and is the process we started (same create time)."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
+            return False  # the pid was reused by another process
+        return True
+    except Exception:  # NoSuchProcess, AccessDenied on a foreign pid: not ours
+        return False
+
+
+def memory_cap(cap_mb: int):
+    """A preexec_fn that caps the child's address space at `cap_mb` MiB; None for no cap."""
+    if not cap_mb:
+        return None
+
+    def apply() -> None:  # runs in the child between fork and exec
+        import resource  # only here: the parent never needs it
+
+        cap_bytes = cap_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+
+    return apply
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` runs (zombies do not count)."""
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                return True
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return False

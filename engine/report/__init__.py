@@ -1,0 +1,1 @@
+"""Reports for people: the comparison figures and the self-contained HTML export."""

@@ -1,0 +1,133 @@
+"""The comparison charts (plotly only, no streamlit): the Compare page and the HTML
+report draw the same figures from here. Raw points stay visible, faint, under the
+EMA-smoothed line; a dotted line marks each run's steady-state median."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from engine.analysis.compare import ema
+
+X_STEP, X_WALL = "step", "wall_time_s"
+X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
+PALETTE = qualitative.Plotly
+RAW_OPACITY = 0.3  # raw points stay visible, faint, under the smoothed line
+_LAYOUT = dict(margin=dict(l=10, r=10, t=50, b=10), height=340,
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+               hovermode="closest")
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+# ---------------------------------------------------------------------------------------
+# figures
+
+
+def _color(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def _figure(title: str, x: str, y_title: str, log_y: bool) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis_title=X_TITLES[x], yaxis_title=y_title, **_LAYOUT)
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _series_traces(frame: pd.DataFrame, column: str, name: str, color: str, x: str,
+                   smoothing: float, scale: float = 1.0) -> list[go.Scatter]:
+    """Raw values as a line, or faint raw points under an EMA line when smoothing > 0."""
+    if column not in frame or x not in frame:
+        return []
+    # numpy arrays, not lists or pandas selections: plotly validates a list element by
+    # element, and pandas indexing costs more than the drawing at 20 runs.
+    xs = frame[x].to_numpy(dtype=float, na_value=np.nan)
+    ys = frame[column].to_numpy(dtype=float, na_value=np.nan) / scale
+    keep = ~np.isnan(xs)
+    xs, ys = xs[keep], ys[keep]
+    if not len(ys) or np.isnan(ys).all():
+        return []
+    label = html.escape(name)  # plotly renders trace names as (limited) HTML
+    if smoothing <= 0:
+        return [go.Scatter(x=xs, y=ys, mode="lines", name=label, legendgroup=label,
+                           line=dict(color=color))]
+    return [go.Scatter(x=xs, y=ys, mode="markers", name=f"{label} (raw)",
+                       legendgroup=label, showlegend=False, opacity=RAW_OPACITY,
+                       marker=dict(color=color, size=4)),
+            go.Scatter(x=xs, y=ema(ys, smoothing).to_numpy(dtype=float), mode="lines",
+                       name=f"{label} (EMA {smoothing:g})", legendgroup=label,
+                       line=dict(color=color, width=2))]
+
+
+def loss_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
+                        x: str = X_STEP, smoothing: float = 0.0, log_y: bool = False) -> go.Figure:
+    fig = _figure("Loss", x, "loss", log_y)
+    traces = []
+    for index, (run_id, frame) in enumerate(frames.items()):
+        traces += _series_traces(frame, "loss", names[run_id], _color(index), x, smoothing)
+    return fig.add_traces(traces)  # once: add_trace per run re-checks every trace so far
+
+
+def throughput_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
+                              units: Mapping[str, str], x: str = X_STEP,
+                              smoothing: float = 0.0, log_y: bool = False,
+                              steady_medians: Mapping[str, Mapping[str, Any]] | None = None
+                              ) -> go.Figure:
+    """tokens/s when every run has them (gpt), else samples/s; a dotted line per run
+    at its steady-state median: the summary table's number when `steady_medians` (run id
+    -> {"samples_per_s", "tokens_per_s"}) gives it, else the median of the plotted rows."""
+    column = ("tokens_per_s" if all(u == "tokens/s" for u in units.values())
+              else "samples_per_s")
+    unit = column.replace("_per_s", "/s")
+    fig = _figure(f"Throughput ({unit}; dotted: steady-state median)", x, unit, log_y)
+    traces = []
+    for index, (run_id, frame) in enumerate(frames.items()):
+        series = _series_traces(frame, column, names[run_id], _color(index), x, smoothing)
+        traces += series
+        median = (steady_medians or {}).get(run_id, {}).get(column)
+        if median is None and len(frame):
+            steady = frame.loc[frame["phase"] == "steady", column].dropna()
+            median = float(steady.median()) if len(steady) else None
+        if median is not None and series:
+            # A two-point line over the run's own x range: a layout shape per run
+            # (add_hline) costs ~5 ms each in plotly, a trace almost nothing.
+            xs = series[0].x
+            traces.append(go.Scatter(x=[float(xs.min()), float(xs.max())], y=[median, median],
+                                     mode="lines", showlegend=False, hoverinfo="skip",
+                                     line=dict(color=_color(index), dash="dot", width=1)))
+    return fig.add_traces(traces)
+
+
+def memory_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
+                          x: str = X_STEP, smoothing: float = 0.0,
+                          log_y: bool = False) -> go.Figure:
+    """Peak memory so far: CUDA peak allocated, or the process's peak RSS on a CPU."""
+    fig = _figure("Peak memory (GiB; CPU runs: process peak RSS)", x, "GiB", log_y)
+    traces = []
+    for index, (run_id, frame) in enumerate(frames.items()):
+        traces += _series_traces(frame, "mem_peak_bytes", names[run_id], _color(index), x,
+                                 smoothing, scale=2**30)
+    return fig.add_traces(traces)
+
+
+def comparison_figures(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
+                       units: Mapping[str, str], x: str = X_STEP, smoothing: float = 0.0,
+                       log_y: bool = False,
+                       steady_medians: Mapping[str, Mapping[str, Any]] | None = None
+                       ) -> dict[str, go.Figure]:
+    return {
+        "loss": loss_overlay_figure(frames, names, x, smoothing, log_y),
+        "throughput": throughput_overlay_figure(frames, names, units, x, smoothing, log_y,
+                                                steady_medians),
+        "memory": memory_overlay_figure(frames, names, x, smoothing, log_y),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the HTML document

@@ -1,0 +1,222 @@
+"""A self-contained HTML report of one or more runs, plus the comparison charts.
+
+"Self-contained" means the file opens offline: plotly.js is inlined once in the head
+and every figure is a div with its data inline; nothing is loaded from a URL. Every
+string a user or the system produced (labels, reasons, device names, findings) is
+passed through html.escape.
+
+The charts are engine.report.figures', the same the Compare page draws.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from engine.analysis.compare import (
+    chart_points_per_run,
+    config_diff,
+    display_names,
+    findings,
+    metrics_frames,
+    steady_medians,
+    summary_table,
+)
+from engine.report.figures import PLOTLY_CONFIG, comparison_figures
+from engine.store import RunRecord, Store
+
+
+def export_html(store: Store, run_ids: Iterable[str], path: str | os.PathLike,
+                baseline_id: str | None = None) -> Path:
+    """Write the report to `path` (atomically) and return the path."""
+    path = Path(path)
+    text = build_html(store, run_ids, baseline_id)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = None) -> str:
+    """The whole report as one string. Raises RunNotFound for an unknown run id."""
+    run_ids = list(dict.fromkeys(run_ids))
+    if not run_ids:
+        raise ValueError("run_ids=[]: name at least one run")
+    runs = {run_id: store.get_run(run_id) for run_id in run_ids}
+    table = summary_table(store, run_ids, baseline_id)
+    names = display_names(runs.values())
+    frames = metrics_frames(store, run_ids, max_points=chart_points_per_run(len(run_ids)))
+    units = dict(zip(table["run_id"], table["throughput_unit"]))
+    figures = comparison_figures(frames, names, units, steady_medians=steady_medians(table))
+    body = "\n".join([
+        f"<h1>Precision Lab report</h1>",
+        f"<p class=meta>{_e(_generated_line())}</p>",
+        _section("Runs", _runs_table(runs, names)),
+        _section("Devices", _devices_table(runs)),
+        _section("Findings", _findings_list(findings(table, runs))),
+        _section("Summary (steady-state steps; ratios against the baseline)",
+                 _summary_html(table)),
+        _section("Charts", "\n".join(_figure_div(fig) for fig in figures.values())),
+        _section("Config differences", _config_diff_html(runs)),
+        _section("Full configs and run summaries", _configs_html(runs)),
+    ])
+    title = "Precision Lab report: " + ", ".join(run_ids)
+    return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
+            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n"
+            # plotly.js inlined once, so the file opens without a network.
+            f"<script id=plotly-js>{_plotly_js()}</script>\n</head>\n"
+            f"<body>\n{body}\n</body>\n</html>\n")
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.baseline td { font-weight: 600; }
+.meta { color: #666; }
+pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; }
+.chart { margin-bottom: 1rem; }
+"""
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _section(title: str, inner: str) -> str:
+    return f"<section>\n<h2>{_e(title)}</h2>\n{inner}\n</section>"
+
+
+def _generated_line() -> str:
+    versions = ", ".join(f"{pkg} {_version(pkg)}" for pkg in ("torch", "plotly", "pandas"))
+    return (f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {platform.node() or 'this host'} "
+            f"({platform.platform()}; Python {platform.python_version()}; {versions}).")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _html_table(header: list[str], rows: list[list[Any]], numeric: set[int] = frozenset(),
+                row_classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    lines = []
+    for index, row in enumerate(rows):
+        cells = "".join(f"<td class=num>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
+                        for i, v in enumerate(row))
+        css = f" class={row_classes[index]}" if row_classes and row_classes[index] else ""
+        lines.append(f"<tr{css}>{cells}</tr>")
+    return f"<table>\n<tr>{head}</tr>\n" + "\n".join(lines) + "\n</table>"
+
+
+def _runs_table(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> str:
+    rows = [[run.id, names[run.id], run.config.label, run.status, run.reason or "",
+             f"{run.config.model}-{run.config.size}", run.config.precision,
+             run.config.batch_size, f"{run.steps_completed}/{run.total_steps}",
+             _fmt_time(run.created_at)] for run in runs.values()]
+    return _html_table(["run id", "name", "label", "status", "reason", "model", "precision",
+                        "batch", "steps", "created"], rows)
+
+
+def _devices_table(runs: Mapping[str, RunRecord]) -> str:
+    rows = [[run.id, run.device_key, run.device_name or "unknown",
+             (run.summary.get("cpu_evidence") or {}).get("headline")
+             or ((run.summary.get("kernels") or {}).get("verdict") or {}).get("headline") or ""]
+            for run in runs.values()]
+    return _html_table(["run id", "device", "device name", "matrix-unit evidence"], rows)
+
+
+def _findings_list(statements: list[str]) -> str:
+    if not statements:
+        return "<p>No findings: no numbers to compare yet.</p>"
+    return "<ul>\n" + "\n".join(f"<li>{_e(s)}</li>" for s in statements) + "\n</ul>"
+
+
+_SUMMARY_COLUMNS = [
+    ("name", "run", None), ("run_id", "run id", None), ("status", "status", None),
+    ("throughput_per_s", "throughput (/s)", "{:,.1f}"), ("throughput_unit", "unit", None),
+    ("throughput_x", "throughput x", "{:.2f}x"), ("step_time_ms", "step time (ms)", "{:,.1f}"),
+    ("peak_mem_bytes", "peak memory (MiB)", "mib"), ("mem_saved_pct", "memory saved (%)", "{:+.1f}"),
+    ("final_loss", "final loss", "{:.4f}"), ("final_loss_diff_pct", "final loss diff (%)", "{:+.2f}"),
+    ("loss_noise_pct", "loss noise (±%)", "{:.2f}"), ("max_batch_fit", "max batch fit", "{:d}"),
+    ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "{:.0%}"),
+    ("mfu", "MFU", "{:.1%}"), ("steady_basis", "timing basis", None),
+]
+
+
+def _summary_html(table: pd.DataFrame) -> str:
+    rows, classes = [], []
+    for record in table.to_dict("records"):
+        rows.append([_fmt_cell(record.get(col), fmt) for col, _label, fmt in _SUMMARY_COLUMNS])
+        classes.append("baseline" if record["is_baseline"] else "")
+    numeric = {i for i, (_c, _l, fmt) in enumerate(_SUMMARY_COLUMNS) if fmt}
+    note = ("<p class=meta>Baseline in bold. n/a: not measured for this run (e.g. Tensor-Core "
+            "share needs a GPU kernel breakdown; max batch fit needs a batch-size search).</p>")
+    return _html_table([label for _c, label, _f in _SUMMARY_COLUMNS], rows, numeric,
+                       classes) + note
+
+
+def _fmt_cell(value: Any, fmt: str | None) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "n/a"
+    if fmt is None:
+        return str(value)
+    if fmt == "mib":
+        return f"{value / 2**20:,.1f}"
+    if fmt == "{:d}":
+        return str(int(value))
+    return fmt.format(value)
+
+
+def _config_diff_html(runs: Mapping[str, RunRecord]) -> str:
+    diff = config_diff({run_id: run.config for run_id, run in runs.items()})
+    if diff.empty:
+        return "<p>The runs' configs are identical.</p>" if len(runs) > 1 else \
+            "<p>One run: nothing to compare.</p>"
+    return _html_table(list(diff.columns), diff.values.tolist())
+
+
+def _configs_html(runs: Mapping[str, RunRecord]) -> str:
+    blocks = []
+    for run in runs.values():
+        payload = {"config": run.config.to_dict(), "summary": _summary_for_report(run.summary)}
+        blocks.append(f"<h3>{_e(run.id)}</h3>\n<pre>{_e(json.dumps(payload, indent=2, default=str))}</pre>")
+    return "\n".join(blocks)
+
+
+def _summary_for_report(summary: dict[str, Any]) -> dict[str, Any]:
+    """The run summary without bulky lists (primitive dumps) that bury the numbers."""
+    trimmed = dict(summary)
+    if isinstance(trimmed.get("cpu_evidence"), dict):
+        trimmed["cpu_evidence"] = {k: v for k, v in trimmed["cpu_evidence"].items()
+                                   if k != "primitives"}
+    return trimmed
+
+
+def _figure_div(fig: go.Figure) -> str:
+    return ("<div class=chart>" + fig.to_html(full_html=False, include_plotlyjs=False,
+                                              config=PLOTLY_CONFIG) + "</div>")
+
+
+def _fmt_time(timestamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) if timestamp else ""

@@ -1,0 +1,31 @@
+"""What a run leaves behind when it ends, besides its status: the downsampled metrics
+overview and the statistics the Compare page needs.
+
+Every executor (the local trainer, a rank-0 process of a multi-process run, a Ray task
+writing through the store actor) calls `finalize_run_data` once the last metric rows are
+flushed and before the final status is set, so a finished run never needs a full read
+of its metric table again.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from engine.store import Store
+
+
+def finalize_run_data(store: Store, run_id: str) -> None:
+    """Write the run's metrics overview (and comparison stats). Never raises: these are
+    optimisations, readers fall back to the full metric table."""
+    try:
+        store.write_overview(run_id)
+    except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail a run
+        traceback.print_exc()
+    try:
+        # pandas and the statistics: kept out of the supervisor, which imports this module
+        from engine.analysis.compare import COMPARE_STATS_KEY, METRICS_FOR_COMPARE, frame_stats
+
+        frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
+        store.merge_summary(run_id, {COMPARE_STATS_KEY: frame_stats(frame)})
+    except Exception:  # noqa: BLE001 - the Compare page recomputes them from the rows
+        traceback.print_exc()

@@ -1,0 +1,259 @@
+"""THE trainer session: the one path from "this process trains run X" to its outcome.
+
+Every executor runs it: the local trainer (engine.run.worker --train, also when forked
+by the standby), each rank of a multi-process run (engine.run.rank) and a Ray task
+(engine.cluster.ray_tasks). In order:
+
+    peak FLOP/s (lead only, before anything else uses the device)
+    -> telemetry sampler -> train() -> finished | stopped | diverged | oom | failed
+    -> sampler stopped, metrics flushed -> summary (MFU, processes)
+
+The session decides the outcome; the executor records it (`finish`): the local trainer
+and rank 0 finalize and set the status in the store, a non-lead rank reports a failure
+to torchrun, a Ray task sends it to the store actor. Nothing here knows which.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from engine.config import RunConfig
+from engine.hardware.devices import get_device
+from engine.hardware.peaks import fp8_advice, peak_for
+from engine.schema import DIVERGED, FAILED, FINISHED, OOM, RUNNING, STOPPED, plausible_mfu
+from engine.store import Store
+
+if TYPE_CHECKING:  # the type only; the session imports torch when it trains
+    from engine.training.parallel import ParallelContext
+
+FLUSH_INTERVAL_S = 0.5
+
+
+class StopFlag:
+    """A signal handler that asks the loop to stop at its next step (SIGTERM, SIGINT)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, *_args) -> None:
+        self.requested = True
+
+
+class SummarySink(Protocol):
+    """Where a session's summary fields and kernel rows go: a Store, or the Ray actor."""
+
+    def merge_summary(self, run_id: str, values: dict[str, Any]) -> None: ...
+
+    def write_kernels(self, run_id: str, rows: list[dict[str, Any]]) -> None: ...
+
+
+class MetricBuffer:
+    """Collects metric rows; writes them in one transaction at most every 0.5 s."""
+
+    def __init__(self, store: Store, run_id: str):
+        self.store = store
+        self.run_id = run_id
+        self.rows: list[dict] = []
+        self.last_flush_s = time.monotonic()
+        self.conn = store.open_connection()  # kept: a fresh one per flush costs ~7 ms
+
+    def __call__(self, rows: list[dict]) -> None:
+        self.rows.extend(rows)
+        if time.monotonic() - self.last_flush_s >= FLUSH_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.store.write_metrics(self.run_id, self.rows, conn=self.conn)
+            self.rows = []
+        self.last_flush_s = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self.conn.close()
+
+
+@dataclass
+class SessionSpec:
+    """What differs between executors; everything else is the session's."""
+    run_id: str
+    cfg: RunConfig
+    device_key: str                # what torch trains on ("cpu", "cuda:0")
+    sink: SummarySink              # summary fields and kernel rows
+    emit: Callable[[list[dict]], None]          # metric rows
+    telemetry: Callable[[list[dict]], None]     # telemetry rows
+    should_stop: Callable[[], bool]
+    run_dir: Path | None           # None: this process does not profile (ranks > 0)
+    on_window: Callable[[Any, str], None] | None
+    telemetry_key: str | None = None  # NVML device for telemetry, default device_key
+    lead: bool = True              # writes the summary (single runs, rank 0, Ray tasks)
+    parallel: "ParallelContext | None" = None
+    where: str | None = None       # appended to an OOM reason ("on NVIDIA H100 on 10.0.0.5")
+    keep_trace_path: bool = True   # False on a Ray node: its local path means nothing elsewhere
+    log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+
+
+@dataclass
+class Outcome:
+    status: str                    # finished | stopped | diverged | oom | failed
+    reason: str | None
+    summary: dict[str, Any] = field(default_factory=dict)  # merged already (lead)
+    error: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+
+def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome:
+    """Train `spec.cfg`; return how it ended. `close_metrics` flushes the metric rows and
+    is called before the outcome's summary is merged, on every path."""
+    import torch  # the session is the trainer: the supervisor never gets here
+
+    from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
+    from engine.training.loop import Diverged, train  # imports torch
+
+    cfg = spec.cfg
+    peak = device_peak(spec.sink, spec.run_id, spec.device_key, cfg) if spec.lead else None
+    if peak and spec.parallel is not None and spec.device_key.startswith("cuda"):
+        peak *= spec.parallel.world_size  # one GPU per rank; CPU ranks share one CPU's peak
+    sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
+    try:
+        result = train(cfg, spec.device_key, emit=spec.emit, should_stop=spec.should_stop,
+                       run_dir=spec.run_dir, on_window=spec.on_window, peak_flops=peak,
+                       parallel=spec.parallel)
+    except Diverged as exc:
+        close_metrics()
+        return Outcome(DIVERGED, str(exc))
+    except BaseException as exc:  # noqa: BLE001 - every ending is an outcome
+        close_metrics()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or looks_like_oom(exc):
+            return Outcome(OOM, _record_oom(spec, exc), error=exc)
+        spec.log(traceback.format_exc().rstrip())
+        return Outcome(FAILED, f"{type(exc).__name__}: {exc}"[:2000], error=exc)
+    finally:
+        sampler.stop()
+    close_metrics()
+    summary = result_summary(result, peak) if spec.lead else {}
+    if spec.lead:
+        if spec.parallel is not None:
+            summary["parallel"] = spec.parallel.describe()
+        if not spec.keep_trace_path:
+            summary.pop("trace_path", None)  # the store actor records where the trace landed
+        spec.sink.merge_summary(spec.run_id, summary)
+    return Outcome(STOPPED if result.status == "stopped" else FINISHED, result.reason, summary)
+
+
+def result_summary(result, peak_flops: float | None) -> dict[str, Any]:
+    """A TrainResult as every executor stores it in the run summary, with MFU against
+    `peak_flops` (FLOP/s of the run's devices), or the reason MFU is left out."""
+    summary = result.to_dict()
+    if peak_flops and result.achieved_tflops:
+        summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak_flops)
+        if summary["mfu"] is None:
+            summary["mfu_note"] = (
+                f"MFU omitted: the run achieved {result.achieved_tflops * 1e3:.3g} GFLOP/s, "
+                f"more than the {peak_flops / 1e9:.3g} GFLOP/s peak measured by the matmul "
+                "microbenchmark, so that peak does not represent this model's matmuls "
+                "(typical of emulated dtypes)")
+    return summary
+
+
+def device_peak(sink: SummarySink, run_id: str, device_key: str, cfg: RunConfig) -> float | None:
+    """Dense peak FLOP/s for this run's precision: datasheet, or measured once and cached.
+
+    Measured before telemetry and training start, while the device is ours, so the
+    microbenchmark neither competes with the run nor is disturbed by it.
+    """
+    try:
+        peak = peak_for(get_device(device_key), cfg.precision_mode.compute_dtype)
+    except Exception as exc:  # noqa: BLE001 - MFU is optional; the run is not
+        sink.merge_summary(run_id, {"mfu_note": f"peak unavailable: {exc}"})
+        return None
+    sink.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
+                                "mfu_note": peak.note, "fp8_advice": fp8_advice(cfg)})
+    return peak.flops_per_s
+
+
+def looks_like_oom(exc: BaseException) -> bool:
+    text = str(exc)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _record_oom(spec: SessionSpec, exc: BaseException) -> str:
+    """The OOM reason, with the memory in use at the failure (also stored, lead only)."""
+    import torch  # loaded by now: the session trained
+
+    from engine.training.loop import memory_snapshot  # imports torch
+
+    batch_size = spec.cfg.batch_size
+    first_line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+    if spec.parallel is not None:  # a rank: torchrun's verdict names the rank that failed
+        text = f"{type(exc).__name__}: {exc}"
+        return f"out of memory at batch size {batch_size} per rank: {text.splitlines()[0][:300]}"
+    mem = memory_snapshot(torch.device(spec.device_key))
+    used = mem.get("mem_reserved_bytes") or mem.get("rss_bytes") or 0
+    if spec.lead:
+        spec.sink.merge_summary(spec.run_id, {"oom_batch_size": batch_size, "oom_mem_bytes": used})
+    where = f", on {spec.where}" if spec.where else ""
+    return (f"out of memory at batch size {batch_size} (memory in use at failure: "
+            f"{used / 2**30:.2f} GiB{where}): {first_line}")
+
+
+# ---------------------------------------------------------------------------------------
+# the local executor: `python -m engine.run.worker --train RUN_ID`, or forked by the standby
+
+
+def run_trainer(run_id: str, store: Store) -> int:
+    """Train a single-process run and record its outcome; 1 when it failed."""
+    import signal
+
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    run = store.get_run(run_id)
+    if run.status != RUNNING:
+        print(f"[trainer] run {run_id} is {run.status}, not running; nothing to do", flush=True)
+        return 0
+    if run.config_error:  # the supervisor refuses these; a stale standby hand-off must too
+        store.set_status(run_id, FAILED, f"{run.config_error}; re-launch the run with a valid config")
+        return 1
+    try:
+        import torch  # noqa: F401 - here, so a memory cap too small for PyTorch is named
+    except (ImportError, OSError) as exc:
+        cap = run.config.memory_cap_mb
+        hint = (f"; memory_cap_mb={cap} is too small to load PyTorch (try >= 1024)"
+                if cap else "")
+        store.set_status(run_id, OOM if cap else FAILED,
+                         f"could not load PyTorch: {str(exc)[:300]}{hint}")
+        return 1
+    from engine.run.window import window_handler  # analysis of the profiler window
+
+    cfg = run.config
+    buffer = MetricBuffer(store, run_id)
+    print(f"[trainer] run {run_id}: {cfg.to_json()} on {run.device_key}", flush=True)
+    spec = SessionSpec(
+        run_id=run_id, cfg=cfg, device_key=run.device_key, sink=store, emit=buffer,
+        telemetry=lambda rows: store.write_telemetry(run_id, rows),
+        should_stop=lambda: stop.requested, run_dir=store.run_dir(run_id),
+        on_window=window_handler(store, run_id, run.device_key))
+    outcome = run_session(spec, close_metrics=buffer.close)
+    finish(store, run_id, outcome)
+    steps = outcome.summary.get("steps_completed", store.get_run(run_id).steps_completed)
+    print(f"[trainer] run {run_id}: {outcome.status} after {steps} steps", flush=True)
+    return 1 if outcome.failed else 0
+
+
+def finish(store: Store, run_id: str, outcome: Outcome) -> None:
+    """The run's last word in the store: overview and comparison stats, then the status."""
+    from engine.run.finalize import finalize_run_data  # pandas: kept out of the supervisor
+
+    if outcome.status in (FINISHED, STOPPED, DIVERGED):
+        finalize_run_data(store, run_id)
+    store.set_status(run_id, outcome.status, outcome.reason)

@@ -1,0 +1,75 @@
+"""After a run's profiler window: turn the trace (GPU) or the oneDNN log (CPU) into the
+kernel table and the Tensor-Core verdict stored with the run.
+
+Runs in the trainer process right after the window closes; its time is excluded from
+the step timings (the training loop restarts its interval clock afterwards).
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose
+from engine.hardware.devices import read_cpu_flags
+from engine.store import Store
+
+NO_KERNELS_ERROR = ("the profiler recorded no GPU kernel events on a CUDA run: CUPTI "
+                    "probably failed silently (driver/CUPTI mismatch, or profiling not "
+                    "permitted for this user); the Tensor-Core verdict is unavailable")
+
+
+def window_handler(store: Store, run_id: str, device_key: str) -> Callable[[Any, str], None]:
+    """The `on_window` callback train() takes: analyse the window that just closed. The
+    analysis must never cost the run: a failure is recorded in the summary, not raised."""
+    def on_window(window, compute_dtype: str) -> None:
+        try:
+            analyze_window(store, run_id, device_key, window.trace_path,
+                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
+            traceback.print_exc()
+            store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
+
+    return on_window
+
+
+def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path | None,
+                   onednn_log_path: Path | None, compute_dtype: str,
+                   gpm: tuple[float | None, str] | None = None) -> dict[str, Any]:
+    """Store the kernel table and return the summary fields it produced."""
+    summary: dict[str, Any] = {"compute_dtype": compute_dtype}
+    if gpm is not None:
+        summary["gpm_tensor_util_pct"], summary["gpm_note"] = gpm
+    if trace_path is not None:
+        summary["trace_file"] = trace_path.name
+    if device_key.startswith("cuda") and trace_path is not None:
+        summary.update(_gpu_kernels(store, run_id, trace_path))
+    if onednn_log_path is not None:
+        summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype)
+    store.merge_summary(run_id, summary)
+    return summary
+
+
+def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
+    # pandas: only a GPU trace needs it, so a CPU trainer's start-up never pays for it
+    from engine.analysis.traces import (breakdown, kernel_summary_rows, load_kernel_table,
+                                        trace_device)
+
+    table = load_kernel_table(trace_path)
+    if table.empty:
+        return {"profile_error": NO_KERNELS_ERROR}
+    result = breakdown(table, device=trace_device(trace_path))
+    store.write_kernels(run_id, kernel_summary_rows(table))
+    keep = ("total_kernel_us", "tensor_core_us", "tensor_core_share", "matrix_us",
+            "matrix_tensor_core_share", "categories", "verdict", "could_have_didnt")
+    return {"kernels": {key: result.get(key) for key in keep}}
+
+
+def _cpu_evidence(log_path: Path, compute_dtype: str) -> dict[str, Any]:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError as exc:
+        return {"verdict": "unknown", "headline": f"oneDNN log unreadable: {exc.strerror}",
+                "evidence": []}
+    return cpu_verdict(parse_onednn_verbose(text), compute_dtype, read_cpu_flags())

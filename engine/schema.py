@@ -1,0 +1,134 @@
+"""The names every layer shares, and nothing that needs torch, pandas or the store.
+
+A run's statuses, the columns of its metric/telemetry/kernel rows, the phases of its
+steps, the files in its run directory, the throughput unit of a model, the MFU rule and
+the keys of its summary are defined here once: the supervisor (no torch), the trainer,
+the pages and the CLI all read them from this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# -- run statuses ------------------------------------------------------------------------
+QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM = (
+    "queued", "running", "finished", "failed", "stopped", "diverged", "oom")
+STATUSES = (QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM)
+ACTIVE_STATUSES = (QUEUED, RUNNING)
+FINAL_STATUSES = (FINISHED, FAILED, STOPPED, DIVERGED, OOM)
+
+# -- sweeps ------------------------------------------------------------------------------
+SWEEP_LOCAL, SWEEP_RAY = "local", "ray"
+SWEEP_RUNNING, SWEEP_DONE, SWEEP_FAILED = "running", "done", "failed"
+
+# -- step phases (metrics.phase) ---------------------------------------------------------
+# warmup: the first warmup_steps (allocator, autotuning, compile); profile: the profiler
+# window; numerics: a step the numerics probe sampled; steady: everything else. Only
+# steady steps enter throughput figures.
+WARMUP, STEADY, PROFILE, NUMERICS = "warmup", "steady", "profile", "numerics"
+PHASES = (WARMUP, STEADY, PROFILE, NUMERICS)
+
+# -- row columns (units in the names; NULL where a value does not apply) -----------------
+METRIC_COLUMNS = (
+    "step", "wall_time_s", "loss", "lr", "step_time_ms", "samples_per_s", "tokens_per_s",
+    "mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "rss_bytes",
+    "loss_scale", "skipped_steps", "grad_norm", "achieved_tflops", "mfu", "phase",
+)
+TELEMETRY_COLUMNS = (
+    "t_s", "gpu_util_pct", "mem_util_pct", "gpu_mem_used_bytes", "power_w", "power_limit_w",
+    "temp_c", "sm_clock_mhz", "throttle_reasons", "cpu_pct", "rss_bytes",
+)
+KERNEL_COLUMNS = (
+    "name", "category", "tensor_core", "dtype", "reason", "total_us", "count", "cpu_op",
+)
+
+# -- the data directory -----------------------------------------------------------------
+HOME_ENV = "PRECISION_LAB_HOME"  # where the store lives; default ./.precision_lab
+
+# -- files of a run directory (runs/<id>/) and of the data directory ---------------------
+WORKER_LOG = "worker.log"                  # supervisor + trainer output; Live shows its tail
+TRACE_FILENAME = "trace.json.gz"           # the profiler window's trace (Perfetto-loadable)
+ONEDNN_LOG_FILENAME = "onednn_verbose.log"  # CPU runs: oneDNN's primitive log of the window
+NUMERICS_FILENAME = "numerics.json"        # the numerics probe's per-layer magnitudes
+RANKS_DIRNAME = "ranks"                    # multi-process runs: one record per rank process
+FAILURE_FILENAME = "failure.json"          # ranks/failure.json: the agent's failure verdict
+# Files a run may leave that the pages read (the Ray store actor accepts only these).
+RUN_ARTIFACTS = (TRACE_FILENAME, ONEDNN_LOG_FILENAME, NUMERICS_FILENAME)
+DRIVER_LOG = "driver.log"                  # sweeps/<id>/driver.log: a Ray sweep's driver
+STANDBY_LOG = "standby.log"                # <data dir>/standby.log
+PEAKS_CACHE_FILENAME = "peaks_cache.json"  # <data dir>/peaks_cache.json: measured peaks
+
+# -- throughput --------------------------------------------------------------------------
+TOKEN_MODELS = ("gpt",)  # models whose natural rate is tokens/s (sequence models)
+
+
+def throughput_column(model: str) -> str:
+    """The metric column a model's throughput is read from: tokens for sequence models."""
+    return "tokens_per_s" if model in TOKEN_MODELS else "samples_per_s"
+
+
+def throughput_unit(model: str) -> str:
+    return "tokens/s" if model in TOKEN_MODELS else "samples/s"
+
+
+def plausible_mfu(achieved_flops: float | None, peak_flops: float | None) -> float | None:
+    """achieved / peak, or None when it cannot be right (above 100 %: the peak is an
+    underestimate, e.g. a measured peak of an emulated dtype). Omitted, never wrong."""
+    if not achieved_flops or not peak_flops:
+        return None
+    mfu = achieved_flops / peak_flops
+    return mfu if mfu <= 1.0 else None
+
+
+# -- the run summary ---------------------------------------------------------------------
+class RunSummary(TypedDict, total=False):
+    """Every key a run's summary (runs.summary_json) may hold, and who writes it.
+
+    A new field is declared here first: tests/test_house_rules.py checks every
+    merge_summary call of the engine and the pages against these keys.
+    """
+    # engine.training.loop.TrainResult (run.finalize.result_summary)
+    status: str
+    reason: str | None
+    steps_completed: int
+    first_loss: float | None
+    final_loss: float | None
+    samples_per_s: float | None  # steady-state steps only, all ranks together
+    tokens_per_s: float | None
+    step_time_ms: float | None
+    peak_mem_bytes: int | None
+    loss_scale_final: float | None  # fp16-amp with a GradScaler only
+    skipped_steps: int
+    flops_per_step: float | None
+    flops_method: str | None
+    achieved_tflops: float | None
+    param_count: int
+    trace_path: str | None
+    extra: dict[str, Any]  # model spec, compute dtype
+    # MFU (run.session: the peak before training, result_summary after it)
+    mfu: float | None
+    mfu_note: str | None
+    peak_flops: float | None
+    peak_source: str
+    fp8_advice: str | None
+    # out of memory (run.session)
+    oom_batch_size: int
+    oom_mem_bytes: int
+    # the profiler window (run.window)
+    compute_dtype: str
+    gpm_tensor_util_pct: float | None
+    gpm_note: str
+    trace_file: str
+    kernels: dict[str, Any]
+    cpu_evidence: dict[str, Any]
+    profile_error: str
+    # multi-process runs (run.session, rank 0)
+    parallel: dict[str, Any]
+    # run end (run.finalize.finalize_run_data): steady medians and loss tail for Compare
+    compare_stats: dict[str, Any]
+    # "find the largest batch that fits" (CLI maxbatch --run-id, Live page)
+    max_batch_fit: int | None
+    max_batch_search: dict[str, Any]
+
+
+SUMMARY_KEYS = frozenset(RunSummary.__annotations__)

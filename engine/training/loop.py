@@ -1,0 +1,457 @@
+"""The one training loop: steps, timing, metrics, loss-scaler stats, NaN guard and the
+profiler window. The worker, the CLI's `run` and the benchmarks all call `train()`.
+
+Host-device syncs happen only at log boundaries (every `log_interval` steps, and once
+where the phase changes: warm-up -> profiler window -> steady): losses,
+gradient norms and skipped-step counts stay on the device in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelName, OptimizerName, RunConfig
+from engine.hardware.telemetry import gpm_tensor_util
+from engine.schema import (
+    NUMERICS,
+    NUMERICS_FILENAME,
+    ONEDNN_LOG_FILENAME,
+    PROFILE,
+    STEADY,
+    TRACE_FILENAME,
+    WARMUP,
+    plausible_mfu,
+)
+from engine.training.data import SyntheticTask
+from engine.training.models import build_model, model_spec, parameter_count
+from engine.training.numerics import NumericsProbe, default_sample_steps
+from engine.training.onednn import capture_onednn_verbose
+from engine.training.precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
+
+if TYPE_CHECKING:  # the multi-process side imports torch.distributed; single runs never do
+    from engine.training.parallel import ParallelContext
+
+
+
+class Diverged(RuntimeError):
+    def __init__(self, step: int, message: str):
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass
+class TrainResult:
+    status: str  # finished | diverged | stopped
+    reason: str | None
+    steps_completed: int
+    first_loss: float | None
+    final_loss: float | None
+    # steady-state steps only (no warm-up, no profiler window); all ranks together
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    step_time_ms: float | None
+    peak_mem_bytes: int | None
+    loss_scale_final: float | None
+    skipped_steps: int
+    flops_per_step: float | None  # all ranks together in a multi-process run
+    flops_method: str | None
+    achieved_tflops: float | None
+    param_count: int
+    trace_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Interval:
+    """Accumulates the steps between two log boundaries."""
+    start_s: float
+    steps: int = 0
+
+
+def phase_of(step: int, cfg: RunConfig) -> str:
+    """warmup for the first steps, profile for the profiler window, steady otherwise.
+
+    The window is one profiler warm-up step plus `profile_steps` recorded steps, right
+    after the warm-up; those steps are slower and are kept out of steady-state averages.
+    """
+    if step <= cfg.warmup_steps:
+        return WARMUP
+    window_start = cfg.warmup_steps + 1
+    if cfg.profile and window_start <= step < window_start + cfg.profile_steps + 1:
+        return PROFILE
+    return STEADY
+
+
+def lr_at(step: int, cfg: RunConfig) -> float:
+    # Linear warm-up then constant: short runs should not spend themselves on a schedule.
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / (cfg.warmup_steps + 1)
+    return cfg.lr
+
+
+def resolve_torch_device(device_key: str) -> torch.device:
+    device = torch.device(device_key)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def build_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == OptimizerName.SGD.value:
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def compute_loss(cfg: RunConfig, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # The loss is computed in fp32 whatever the mode: autocast would too, and bf16-pure
+    # logits summed in bf16 lose the small differences the optimizer needs.
+    logits = logits.float()
+    if cfg.model == ModelName.GPT.value:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(logits, targets)
+
+
+class Trainer:
+    """Holds the model, optimizer and precision plan for one run (or one rank of it)."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device,
+                 parallel: "ParallelContext | None" = None):
+        self.cfg = cfg
+        self.device = device
+        # Same seed on every rank: identical initial weights (FSDP2 shards them as they are).
+        torch.manual_seed(cfg.seed)
+        self.plan: PrecisionPlan = make_plan(cfg, device)
+        model = prepare_model(build_model(cfg), self.plan, device, cfg.channels_last)
+        self.param_count = parameter_count(model)
+        self.module = model  # unwrapped: what the numerics probe hooks into
+        # DDP / FSDP2 go around the model before the optimizer sees its parameters
+        # (fully_shard turns them into sharded DTensors) and before torch.compile.
+        wrapped = parallel.wrap(model) if parallel is not None else model
+        self.model = torch.compile(wrapped) if cfg.compile else wrapped
+        self.params = [p for p in wrapped.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(cfg, self.params)
+        rank = parallel.rank if parallel is not None else 0
+        self.task = SyntheticTask(cfg, device, stream=rank)  # each rank its own batches
+        # Global: every rank trains batch_size samples per step.
+        self.samples_per_step = cfg.batch_size * (parallel.world_size if parallel else 1)
+        self.tokens_per_sample = cfg.seq_len if cfg.model == ModelName.GPT.value else None
+        self.probe: NumericsProbe | None = None
+
+    def step(self, step: int, want_grad_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here.
+
+        The gradient norm costs a reduction over every gradient; it is computed when it is
+        logged, and on every step under a GradScaler (a non-finite norm = a skipped step).
+        """
+        lr = lr_at(step, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        inputs, targets = self.task.batch()
+        scaler = self.plan.scaler
+        probe = self.probe if self.probe is not None and self.probe.wants(step) else None
+        if probe is not None:  # sampled steps only: get_scale() is a host sync
+            probe.begin_step(step, loss_scale=float(scaler.get_scale()) if scaler else 1.0)
+        with self.plan.autocast():
+            logits = self.model(cast_inputs(inputs, self.plan))
+        loss = compute_loss(self.cfg, logits, targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(self.optimizer)  # so the logged gradient norm is the real one
+        else:
+            loss.backward()
+        if probe is not None:
+            probe.capture_gradients(step, self.module)  # after unscale_: the true gradients
+        grad_norm = None
+        if want_grad_norm or scaler is not None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            grad_norm = (torch.nn.utils.get_total_norm(grads) if grads
+                         else torch.zeros((), device=self.device))
+            if hasattr(grad_norm, "full_tensor"):
+                # FSDP2: the norm of sharded gradients is a DTensor; materialising it is a
+                # collective, reached by every rank because each computes it on the same steps.
+                grad_norm = grad_norm.full_tensor()
+        if scaler is not None:
+            scaler.step(self.optimizer)  # skipped internally when grads hold inf/NaN
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), None if grad_norm is None else grad_norm.detach()
+
+
+def measure_flops_per_step(trainer: Trainer) -> float | None:
+    """FLOPs of one forward+backward, counted by torch.utils.flop_counter on the real model.
+
+    Runs one extra step outside the recorded ones (its update is applied, like a warm-up
+    step); None when the counter cannot run (e.g. some compiled graphs).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            trainer.step(1)
+        return float(counter.get_total_flops()) or None
+    except Exception:  # the count is informative; a failure must not stop a run
+        return None
+
+
+class ProfilerWindow:
+    """torch.profiler around the PROFILE steps; trace written gzip'd to the run dir."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path | None):
+        self.enabled = cfg.profile and run_dir is not None
+        self.device = device
+        self.run_dir = run_dir
+        self.prof = None
+        self.stack: contextlib.ExitStack | None = None
+        self.trace_path: Path | None = None
+        self.onednn_log_path: Path | None = None
+        self.gpm_thread = None
+        self.gpm: tuple[float | None, str] = (
+            (None, "not available: still sampling") if device.type == "cuda" else
+            (None, "not available: NVML GPM tensor counters exist on NVIDIA Hopper+ GPUs only"))
+
+    def before_step(self, step: int, phase: str) -> None:
+        if self.enabled and phase == PROFILE and self.prof is None and self.trace_path is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            self.stack = contextlib.ExitStack()
+            if self.device.type == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+                self._start_gpm_sampler()
+            else:
+                # The CPU's evidence: which oneDNN implementation ran each primitive.
+                self.onednn_log_path = self.run_dir / ONEDNN_LOG_FILENAME
+                self.stack.enter_context(capture_onednn_verbose(self.onednn_log_path))
+            self.prof = self.stack.enter_context(
+                profile(activities=activities, record_shapes=True))
+
+    def _start_gpm_sampler(self) -> None:
+        """Counter-based confirmation on Hopper+: NVML GPM tensor-pipe activity, sampled in
+        a thread while the window's steps run (name-based evidence only infers)."""
+        import threading
+
+        index = self.device.index or 0
+
+        def sample() -> None:
+            self.gpm = gpm_tensor_util(index, duration_s=0.5)
+
+        self.gpm_thread = threading.Thread(target=sample, name="gpm-sampler", daemon=True)
+        self.gpm_thread.start()
+
+    def after_step(self, step: int, next_phase: str | None) -> bool:
+        """Close the window after its last step; True when a trace was written now."""
+        if self.prof is None or next_phase == PROFILE:
+            return False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        prof, self.prof = self.prof, None
+        self.stack.close()
+        if self.gpm_thread is not None:
+            self.gpm_thread.join(timeout=5.0)
+        plain = self.run_dir / "trace.json"
+        prof.export_chrome_trace(str(plain))
+        self.trace_path = self.run_dir / TRACE_FILENAME
+        with open(plain, "rb") as src, gzip.open(self.trace_path, "wb", compresslevel=5) as dst:
+            shutil.copyfileobj(src, dst)
+        plain.unlink()
+        return True
+
+
+def memory_snapshot(device: torch.device) -> dict[str, int | None]:
+    if device.type == "cuda":
+        return {
+            "mem_allocated_bytes": torch.cuda.memory_allocated(device),
+            "mem_reserved_bytes": torch.cuda.memory_reserved(device),
+            "mem_peak_bytes": torch.cuda.max_memory_allocated(device),
+            "rss_bytes": _rss_bytes(),
+        }
+    rss = _rss_bytes()
+    return {"mem_allocated_bytes": None, "mem_reserved_bytes": None,
+            "mem_peak_bytes": _peak_rss_bytes(), "rss_bytes": rss}
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _peak_rss_bytes() -> int | None:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+try:
+    import os as _os
+
+    _PAGE_SIZE = _os.sysconf("SC_PAGE_SIZE")
+except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+    _PAGE_SIZE = 4096
+
+
+def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]], None],
+          should_stop: Callable[[], bool] = lambda: False, run_dir: Path | None = None,
+          peak_flops: float | None = None,
+          on_window: Callable[["ProfilerWindow", str], None] | None = None,
+          parallel: "ParallelContext | None" = None) -> TrainResult:
+    """Train `cfg` on `device_key`, calling `emit(rows)` at each log boundary.
+
+    `peak_flops` (FLOP/s of the device at this precision) turns achieved FLOP/s into MFU;
+    None leaves MFU empty rather than guessing. Raises torch.OutOfMemoryError / MemoryError
+    on OOM; divergence and stop requests end the run with a status instead.
+
+    With `parallel` (one rank of a multi-process run) the logged loss is the mean over the
+    ranks, throughput and FLOPs count all ranks, and a stop request is honoured at a log
+    boundary by every rank together. Pass run_dir=None on ranks other than 0: only rank 0
+    profiles.
+    """
+    device = resolve_torch_device(device_key)
+    trainer = Trainer(cfg, device, parallel)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    flops_per_step = measure_flops_per_step(trainer)
+    if flops_per_step and parallel is not None:
+        flops_per_step *= parallel.world_size  # every rank does the same work
+    probe = None
+    if cfg.numerics and run_dir is not None and not cfg.compile:
+        # Registered after the FLOP count so step 1 is not sampled twice.
+        probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(
+            trainer.module)
+    profiler = ProfilerWindow(cfg, device, run_dir)
+    scaler = trainer.plan.scaler
+    skipped_total = torch.zeros((), dtype=torch.int64, device=device)
+    first_loss = final_loss = None
+    steady_time_s, steady_steps = 0.0, 0
+    status, reason, step = "finished", None, 0
+    loss_scale = None
+    run_start_s = time.perf_counter()
+    interval = _Interval(start_s=time.perf_counter())
+
+    for step in range(1, cfg.steps + 1):
+        if parallel is None and should_stop():
+            status, reason, step = "stopped", f"stopped by request at step {step - 1}", step - 1
+            break
+        phase = phase_of(step, cfg)
+        sampled = probe is not None and probe.wants(step)
+        if sampled and phase == STEADY:
+            phase = NUMERICS  # slower on purpose: kept out of steady-state averages
+        profiler.before_step(step, phase)
+        is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
+        loss, grad_norm = trainer.step(step, want_grad_norm=is_log_step)
+        if sampled:
+            probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it
+        if scaler is not None:
+            skipped_total += (~torch.isfinite(grad_norm)).to(torch.int64)  # device-side count
+        next_phase = phase_of(step + 1, cfg) if step < cfg.steps else None
+        interval.steps += 1
+        wrote_trace = False
+        # A phase change is a timing boundary too (one extra sync per phase, not per
+        # step), so a steady interval never carries warm-up or profiler time.
+        phase_ends = next_phase is not None and next_phase != phase
+        stop_all = False
+        if is_log_step or profiler.prof is not None or phase_ends:
+            # Sync point: timing needs the device to have finished the queued work.
+            loss_value = float(loss.item())
+            if parallel is not None and (is_log_step or phase_ends):
+                # The same condition on every rank (the profiler runs on rank 0 only), so
+                # this one collective always meets all ranks: the mean loss, and whether any
+                # rank was asked to stop (they must leave the loop at the same step).
+                loss_value, stop_all = parallel.reduce_log_values(loss_value, should_stop())
+            measured_at_s = time.perf_counter()
+            elapsed_s = measured_at_s - interval.start_s
+            step_time_ms = elapsed_s * 1000.0 / interval.steps
+            if phase == STEADY:
+                steady_time_s += elapsed_s
+                steady_steps += interval.steps
+            wrote_trace = profiler.after_step(step, next_phase)
+            if is_log_step:
+                if scaler is not None:
+                    loss_scale = float(scaler.get_scale())
+                row = _metric_row(cfg, trainer, step, phase, loss_value, float(grad_norm.item()),
+                                  step_time_ms, time.perf_counter() - run_start_s, device,
+                                  loss_scale, int(skipped_total.item()) if scaler is not None else 0,
+                                  flops_per_step, peak_flops)
+                emit([row])
+                first_loss = loss_value if first_loss is None else first_loss
+                final_loss = loss_value
+                _check_finite(cfg, step, loss_value, loss_scale)
+            # The next interval starts at the measurement, so logging and flushing count
+            # against throughput like any other cost of the instrumented loop.
+            interval = _Interval(start_s=measured_at_s)
+        if wrote_trace and on_window is not None:
+            on_window(profiler, trainer.plan.compute_dtype_name)
+            interval = _Interval(start_s=time.perf_counter())  # export time is not a step
+        if stop_all:
+            status, reason = "stopped", f"stopped by request at step {step}"
+            break
+
+    samples_per_s = (steady_steps * trainer.samples_per_step / steady_time_s) if steady_time_s else None
+    mem = memory_snapshot(device)
+    return TrainResult(
+        status=status, reason=reason, steps_completed=step, first_loss=first_loss,
+        final_loss=final_loss, samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * trainer.tokens_per_sample
+        if samples_per_s and trainer.tokens_per_sample else None,
+        step_time_ms=steady_time_s * 1000.0 / steady_steps if steady_steps else None,
+        peak_mem_bytes=mem["mem_peak_bytes"],
+        loss_scale_final=loss_scale if scaler is not None else None,
+        skipped_steps=int(skipped_total.item()) if scaler is not None else 0,
+        flops_per_step=flops_per_step,
+        flops_method="measured with torch.utils.flop_counter (matmul/conv/attention FLOPs)"
+        if flops_per_step else None,
+        achieved_tflops=(flops_per_step * steady_steps / steady_time_s / 1e12)
+        if flops_per_step and steady_time_s else None,
+        param_count=trainer.param_count,
+        trace_path=str(profiler.trace_path) if profiler.trace_path else None,
+        extra={"spec": asdict(model_spec(cfg)), "compute_dtype": trainer.plan.compute_dtype_name})
+
+
+def _metric_row(cfg, trainer, step, phase, loss_value, grad_norm, step_time_ms, wall_time_s,
+                device, loss_scale, skipped_steps, flops_per_step, peak_flops) -> dict[str, Any]:
+    samples_per_s = trainer.samples_per_step * 1000.0 / step_time_ms if step_time_ms > 0 else None
+    achieved_flops = flops_per_step * 1000.0 / step_time_ms if flops_per_step and step_time_ms > 0 else None
+    row = {
+        "step": step, "wall_time_s": wall_time_s, "loss": loss_value, "lr": lr_at(step, cfg),
+        "step_time_ms": step_time_ms, "samples_per_s": samples_per_s,
+        "tokens_per_s": samples_per_s * trainer.tokens_per_sample
+        if samples_per_s and trainer.tokens_per_sample else None,
+        "loss_scale": loss_scale, "skipped_steps": skipped_steps, "grad_norm": grad_norm,
+        "achieved_tflops": achieved_flops / 1e12 if achieved_flops else None,
+        "mfu": plausible_mfu(achieved_flops, peak_flops),
+        "phase": phase,
+    }
+    row.update(memory_snapshot(device))
+    return row
+
+
+def _check_finite(cfg: RunConfig, step: int, loss_value: float, loss_scale: float | None) -> None:
+    if math.isfinite(loss_value):
+        return
+    if cfg.uses_grad_scaler and loss_scale is not None and loss_scale >= 1.0:
+        # GradScaler skips these steps and backs off; that is loss scaling working,
+        # not divergence. Only when the scale has collapsed is the run beyond saving.
+        return
+    detail = f"; loss scale fell to {loss_scale:g}" if loss_scale is not None else ""
+    raise Diverged(step, f"loss became {loss_value} at step {step}{detail}")
