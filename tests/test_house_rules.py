@@ -1,5 +1,8 @@
-"""House rules that keep the engine usable without the UI: engine/ never imports
-streamlit, and the headless entry points do not drag it (or torch, for the queue) in."""
+"""House rules of the layout (docs/architecture.md, "What may import what"), checked on
+the source: no import cycle among engine modules (function-level imports included),
+engine/ never imports streamlit, only engine/cli (and `python -m engine`) import the CLI,
+pages import no torch, analysis and hardware import no torch at module level and never
+write the store, and every function-level engine import says why it is one."""
 
 from __future__ import annotations
 
@@ -9,9 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from import_graph import REPO_ROOT, engine_modules, find_cycle, import_graph, imports_of
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 ENGINE_FILES = sorted((REPO_ROOT / "engine").rglob("*.py"))
+PAGE_FILES = sorted((REPO_ROOT / "pages").glob("*.py"))
+MODULES = engine_modules()
+# Store methods that change the database (engine.store.Store): analysis/hardware call none.
+STORE_WRITES = frozenset({
+    "create_run", "update_run", "set_status", "merge_summary", "claim_device", "write_metrics",
+    "write_overview", "write_telemetry", "write_kernels", "create_sweep", "link_sweep_run",
+    "set_sweep_status", "set_sweep_driver", "request_run_stop", "set_run_placement",
+})
 
 
 def streamlit_imports(path: Path, root: Path = REPO_ROOT) -> list[str]:
@@ -35,9 +46,38 @@ def streamlit_imports(path: Path, root: Path = REPO_ROOT) -> list[str]:
     return found
 
 
+def _module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of the imports that run when the module is imported: top level and
+    inside top-level try/if blocks, not inside functions or `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            pending += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            for handler in getattr(node, "handlers", []):
+                pending += handler.body
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def _in_package(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+# ---------------------------------------------------------------------------------------
+# the scan itself
+
+
 def test_the_scan_sees_the_engine():
-    names = {p.name for p in ENGINE_FILES}
-    assert {"cli.py", "store.py", "worker.py", "launcher.py", "train.py"} <= names
+    assert {"engine.cli.main", "engine.store", "engine.run.worker", "engine.run.launcher",
+            "engine.run.session", "engine.training.loop", "engine.schema"} <= set(MODULES)
 
 
 def test_the_scan_would_catch_every_form(tmp_path):
@@ -52,16 +92,156 @@ def test_the_scan_would_catch_every_form(tmp_path):
     assert sorted(hits) == ["streamlit", "streamlit", "streamlit.components", "streamlit.runtime"]
 
 
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    (tmp_path / "engine" / "a").mkdir(parents=True)
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "a" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "a" / "one.py").write_text("from engine.a import two\n")
+    (tmp_path / "engine" / "a" / "two.py").write_text(
+        "def f():\n    from engine.a.one import x  # why\n")
+    (tmp_path / "engine" / "three.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.a import one\n")
+    graph = import_graph(tmp_path)
+    assert graph["engine.three"] == set()  # type-checking imports never run
+    assert find_cycle(graph) == ["engine.a.one", "engine.a.two", "engine.a.one"]
+
+
+# ---------------------------------------------------------------------------------------
+# the rules
+
+
+def test_no_import_cycle_among_engine_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=[p.name for p in ENGINE_FILES])
 def test_engine_module_does_not_import_streamlit(path):
     assert streamlit_imports(path) == []
 
 
+def test_only_the_cli_imports_the_cli():
+    offenders = []
+    for path in [*ENGINE_FILES, *PAGE_FILES, REPO_ROOT / "app.py",
+                 *sorted((REPO_ROOT / "scripts").glob("*.py")),
+                 *sorted((REPO_ROOT / "bench").glob("*.py"))]:
+        source = "engine.__main__" if path.name == "__main__.py" else None
+        for line, module in _module_level_imports(path) + _function_imports(path):
+            if _in_package(module, "engine.cli") and not _in_package(
+                    _module_of(path), "engine.cli") and source != "engine.__main__":
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{line}: {module}")
+    assert offenders == []
+
+
+def _module_of(path: Path) -> str:
+    try:
+        return ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    except ValueError:
+        return ""
+
+
+def _function_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(func):
+                if isinstance(node, ast.Import):
+                    found += [(node.lineno, alias.name) for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("package", ["engine.analysis", "engine.hardware"])
+def test_analysis_and_hardware_import_no_torch_at_module_level(package):
+    offenders = [f"{name}:{line}: {module}"
+                 for name, path in MODULES.items() if _in_package(name, package)
+                 for line, module in _module_level_imports(path)
+                 if _in_package(module, "torch")]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("package", ["engine.analysis", "engine.hardware"])
+def test_analysis_and_hardware_never_write_the_store(package):
+    offenders = []
+    for name, path in MODULES.items():
+        if not _in_package(name, package):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in STORE_WRITES:
+                offenders.append(f"{name}:{node.lineno}: .{node.func.attr}()")
+    assert offenders == []
+
+
+def test_every_function_level_engine_import_says_why():
+    silent = [f"{imp.source}:{imp.line} ({imp.function}) imports {imp.target}"
+              for name, path in MODULES.items() for imp in imports_of(path, MODULES)
+              if imp.function and not imp.comment]
+    assert silent == [], "add a one-line comment saying why the import is in a function"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("page", PAGE_FILES, ids=[p.name for p in PAGE_FILES])
+def test_pages_import_no_torch(page, tmp_path):
+    """Import one page in a fresh interpreter (its top-level script runs outside a
+    Streamlit session, which is fine for this question) and check sys.modules."""
+    module = f"pages.{page.stem}"
+    code = (f"import importlib, sys\nimport streamlit\n"
+            f"try:\n    importlib.import_module({module!r})\nexcept BaseException:\n    pass\n"
+            f"print('torch' in sys.modules)\n")
+    env = {"PRECISION_LAB_HOME": str(tmp_path), "PRECISION_LAB_STANDBY": "0",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1:] == ["False"], result.stderr[-2000:]
+
+
+def _summary_keys_written(path: Path) -> list[tuple[int, str]]:
+    """Literal keys this file writes into a run summary: dict literals passed to
+    merge_summary, and `summary["key"] = ...` / `summary["a"], summary["b"] = ...`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "merge_summary" and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Dict):
+            found += [(node.lineno, key.value) for key in node.args[1].keys
+                      if isinstance(key, ast.Constant)]
+        elif isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            found += [(node.lineno, t.slice.value) for t in targets
+                      if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+                      and t.value.id == "summary" and isinstance(t.slice, ast.Constant)]
+    return found
+
+
+def test_every_summary_key_written_is_declared_in_run_summary():
+    from engine.schema import SUMMARY_KEYS
+
+    written = [(path, line, key) for path in [*ENGINE_FILES, *PAGE_FILES]
+               for line, key in _summary_keys_written(path)]
+    assert {"peak_flops", "oom_batch_size", "parallel", "cpu_evidence"} <= {k for _, _, k in written}
+    undeclared = [f"{path.relative_to(REPO_ROOT)}:{line}: {key!r}" for path, line, key in written
+                  if key not in SUMMARY_KEYS]
+    assert undeclared == [], "declare these keys in engine.schema.RunSummary"
+
+
+def test_train_result_fields_are_declared_in_run_summary():
+    import dataclasses
+
+    from engine.schema import SUMMARY_KEYS
+    from engine.training.loop import TrainResult  # the summary's bulk: result.to_dict()
+
+    assert {f.name for f in dataclasses.fields(TrainResult)} <= SUMMARY_KEYS
+
+
 _PROBE = r"""
 import sys
 import engine.cli
-engine.cli.build_parser()           # also loads the optional sub-command modules
-import engine.launcher, engine.worker, engine.store, engine.config
+engine.cli.build_parser()           # loads every sub-command module
+import engine.run.launcher, engine.run.worker, engine.store, engine.config
 print("streamlit" in sys.modules, any(m.startswith("streamlit.") for m in sys.modules),
       "torch" in sys.modules)
 """
@@ -74,6 +254,6 @@ def test_headless_entry_points_import_neither_streamlit_nor_torch():
     assert result.returncode == 0, result.stderr
     streamlit_loaded, streamlit_submodule_loaded, torch_loaded = result.stdout.split()
     assert streamlit_loaded == "False" and streamlit_submodule_loaded == "False"
-    # The worker's supervisor (engine.worker without --train) waits in the queue without
-    # torch, so queued runs cost almost nothing (engine/worker.py docstring).
+    # The worker's supervisor (engine.run.worker without --train) waits in the queue without
+    # torch, so queued runs cost almost nothing (engine/run/worker.py docstring).
     assert torch_loaded == "False"

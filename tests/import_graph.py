@@ -1,0 +1,133 @@
+"""The engine's import graph, read from the source (no module is imported): every
+`import` and `from ... import` of an engine module, at module level or inside a function,
+resolved to the module it loads. `from engine.run import standby` is an edge to
+engine.run.standby; imports under `if TYPE_CHECKING:` are left out (they never run)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str       # importing module, e.g. "engine.run.worker"
+    target: str       # imported module, e.g. "engine.store"
+    line: int
+    function: str | None  # enclosing function, None at module level
+    comment: str      # the comment on the import's line or the line above it
+
+
+def module_name(path: Path, root: Path = REPO_ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def engine_modules(root: Path = REPO_ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / "engine").rglob("*.py"))}
+
+
+def _resolve_relative(source: str, is_package: bool, level: int, module: str | None) -> str:
+    base = source.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[:len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([module] if module else []))
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[ast.AST]:
+    skipped: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skipped.update(ast.walk(child))
+    return skipped
+
+
+def imports_of(path: Path, modules: dict[str, Path], root: Path = REPO_ROOT) -> list[Import]:
+    """The engine modules `path` imports (any nesting), each with its line and comment."""
+    source = module_name(path, root)
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text, filename=str(path))
+    skipped = _type_checking_nodes(tree)
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    found = []
+    for node in ast.walk(tree):
+        if node in skipped or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = (_resolve_relative(source, path.name == "__init__.py", node.level, node.module)
+                    if node.level else node.module or "")
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                targets.append(submodule if submodule in modules else base)
+        function = _enclosing_function(node, parents)
+        comment = _comment_near(lines, node.lineno, node.end_lineno or node.lineno)
+        for target in dict.fromkeys(targets):
+            if target in modules and target != source:
+                found.append(Import(source, target, node.lineno, function, comment))
+    return found
+
+
+def _enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return node.name
+    return None
+
+
+def _comment_near(lines: list[str], lineno: int, end_lineno: int) -> str:
+    """The `# ...` on one of the import's own lines, else on the line right above it."""
+    for own in lines[lineno - 1:end_lineno]:
+        if "#" in own:
+            return own[own.index("#") + 1:].strip()
+    above = lines[lineno - 2].strip() if lineno >= 2 else ""
+    return above[1:].strip() if above.startswith("#") else ""
+
+
+def import_graph(root: Path = REPO_ROOT) -> dict[str, set[str]]:
+    modules = engine_modules(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imp in imports_of(path, modules, root):
+            graph[name].add(imp.target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None. Iterative DFS, deterministic order."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                state[node] = 2
+                continue
+            if state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            if not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+    return None
