@@ -324,13 +324,13 @@ def run_trainer_phases(home: str, run_id: str) -> None:
     import engine.run.worker  # noqa: F401 - what `python -m engine.run.worker` imports first
     from engine.run.session import device_peak
     from engine.store import Store
-    mark("import engine.run.worker (engine.store, pandas)")
+    mark("import engine.run.worker (supervisor, session, store)")
     import torch
     mark("import torch")
     from engine.hardware.telemetry import TelemetrySampler
     from engine.run.window import analyze_window  # noqa: F401 - as run_trainer does
     from engine.training.loop import Trainer, measure_flops_per_step, train  # noqa: F401
-    mark("import run_analysis, telemetry, train")
+    mark("import window, telemetry, loop")
     store = Store(home)
     run = store.get_run(run_id)
     mark("Store() + get_run")

@@ -116,7 +116,7 @@ MAX_BATCH_SIZE = 65_536
 MAX_STEPS = 1_000_000
 MAX_SEQ_LEN = 8_192
 MAX_IMAGE_SIZE = 512
-# The machine's own limit (GPUs, CPU cores) is checked by devices.check_runnable.
+# The machine's own limit (GPUs, CPU cores) is checked by engine.admission.check_runnable.
 MAX_NPROCS = 64
 # (lowest, highest, what to give) of every numeric field: RunConfig's checks and the UI's
 # inputs both read these, so a bound is changed in one place.
@@ -233,7 +233,7 @@ class RunConfig:
 
     def _check_multi_process(self) -> None:
         """Combinations that cannot mean anything, whatever the machine (its limits are
-        checked by devices.check_runnable)."""
+        checked by engine.admission.check_runnable)."""
         if self.nprocs == 1 and self.comm_hook != CommHook.NONE.value:
             raise ConfigError("comm_hook", self.comm_hook,
                               "gradient communication needs several processes; set nprocs "

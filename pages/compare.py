@@ -1,7 +1,7 @@
 """Compare: overlaid charts, a summary table against a baseline, the config diff,
 plain-language findings, an HTML report and, where recorded, the numerics view.
 
-Everything numeric comes from engine.analysis.compare / engine.report / engine.training.numerics; this
+Everything numeric comes from engine.analysis.compare / engine.report / engine.analysis.numerics; this
 page only picks runs, draws and launches the demo preset.
 """
 

@@ -182,13 +182,16 @@ def test_every_page_in_the_nav_loads_without_an_exception(server, page):
 @pytest.mark.timeout(180)
 def test_launch_from_the_form_watch_the_loss_chart_grow_then_stop(server, page, store,
                                                                    tmp_path):
-    run_id = launch_from_form(page, server, precision="bf16-amp", batch_size=8, steps=150,
+    # Enough steps that the run is still training when Stop is clicked, also where bf16
+    # runs natively (avx512_bf16: ~20 ms a step) rather than emulated.
+    steps = 3000
+    run_id = launch_from_form(page, server, precision="bf16-amp", batch_size=8, steps=steps,
                               screenshot_to=tmp_path)
     (run,) = store.list_runs()
     assert run.id == run_id
     cfg = run.config
     assert (cfg.model, cfg.size, cfg.precision, cfg.batch_size, cfg.steps, cfg.device) == (
-        "gpt", "tiny", "bf16-amp", 8, 150, "cpu"), cfg
+        "gpt", "tiny", "bf16-amp", 8, steps, "cpu"), cfg
 
     # The fragment's 1 s timer redraws the chart as the worker logs steps.
     first = wait_points(page, 0, timeout_s=90)

@@ -6,7 +6,6 @@ docs/precision-reference.md land on a heading that exists."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from import_graph import REPO_ROOT, engine_modules
 

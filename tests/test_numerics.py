@@ -1,5 +1,5 @@
 """engine.training.numerics: exact histogram and fp16-fraction counts on hand-built tensors, and
-the probe on a real tiny model (the step mirrors the wiring proposed for train.py)."""
+the probe on a real tiny model (the step mirrors the wiring proposed for engine/training/loop.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`python -m engine classify ...` and `python -m engine kernels TRACE`: the kernel classifier
-and the trace breakdown from a terminal. engine/cli.py calls add_subparsers(); each command
+and the trace breakdown from a terminal. engine/cli/main.py calls add_subparsers(); each command
 sets func= to a handler that takes the parsed args and returns the exit code.
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError, RunConfig
-from engine.run.finalize import finalize_run_data
+from engine.run.session import Outcome, finish
 from engine.schema import (
     FAILED,
     NUMERICS_FILENAME,
@@ -93,9 +93,8 @@ class StoreWriter:
             self.store.merge_summary(run_id, {"trace_path": str(path)})
 
     def finish(self, run_id: str, status: str, reason: str | None) -> bool:
-        """The run's last word: overview and stats first, then the final status."""
-        finalize_run_data(self.store, run_id)
-        return self.store.set_status(run_id, status, reason)
+        """The run's last word, as a local run's (engine.run.session.finish)."""
+        return finish(self.store, run_id, Outcome(status, reason))
 
 
 class RemoteStore:

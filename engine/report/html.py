@@ -58,7 +58,7 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
     units = dict(zip(table["run_id"], table["throughput_unit"]))
     figures = comparison_figures(frames, names, units, steady_medians=steady_medians(table))
     body = "\n".join([
-        f"<h1>Precision Lab report</h1>",
+        "<h1>Precision Lab report</h1>",
         f"<p class=meta>{_e(_generated_line())}</p>",
         _section("Runs", _runs_table(runs, names)),
         _section("Devices", _devices_table(runs)),

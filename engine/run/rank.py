@@ -13,7 +13,15 @@ import signal
 import traceback
 
 from engine.run.ranks import injected_fault, write_rank_error
-from engine.run.session import MetricBuffer, Outcome, SessionSpec, StopFlag, finish, run_session
+from engine.run.session import (
+    MetricBuffer,
+    Outcome,
+    SessionSpec,
+    StopFlag,
+    finish,
+    is_oom,
+    run_session,
+)
 from engine.run.window import window_handler
 from engine.schema import FAILED, OOM, RUNNING
 from engine.store import Store
@@ -32,23 +40,31 @@ def run_rank(run_id: str, store: Store, rank: int) -> int:
     run_dir = store.run_dir(run_id)
     step_box: dict = {"step": None}
     try:
-        ctx = ParallelContext.start(run.config, run.device_key)
-    except Exception as exc:  # noqa: BLE001 - recorded with the rank, then exit 1
+        return _rank_life(run, store, rank, stop, step_box)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, torchrun's verdict needs it
         traceback.print_exc()
-        write_rank_error(run_dir, rank, FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0][:1000],
-                         None)
+        status = OOM if is_oom(exc) else FAILED
+        text = f"{type(exc).__name__}: {exc}"
+        reason = (f"out of memory at batch size {run.config.batch_size} per rank: "
+                  f"{text.splitlines()[0][:300]}" if status == OOM else text.splitlines()[0][:1000])
+        write_rank_error(run_dir, rank, status, reason, step_box["step"])
+        # No destroy_process_group here: the peers may be gone and tearing the group down
+        # could block; the process exits now anyway.
         return 1
+
+
+def _rank_life(run, store: Store, rank: int, stop: StopFlag, step_box: dict) -> int:
+    """Join the group, train, record; a failure the session returned is written here."""
+    ctx = ParallelContext.start(run.config, run.device_key)
     outcome = _train_rank(run, store, ctx, stop, step_box)
     if outcome.status in (OOM, FAILED):
         reason = outcome.reason if outcome.status == OOM else \
             f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0][:1000]
-        write_rank_error(run_dir, rank, outcome.status, reason, step_box["step"])
-        # No destroy_process_group here: the peers may be gone and tearing the group down
-        # could block; the process exits now anyway.
+        write_rank_error(store.run_dir(run.id), rank, outcome.status, reason, step_box["step"])
         return 1
     if ctx.rank == 0:
-        finish(store, run_id, outcome)
-        print(f"[rank0] run {run_id}: {outcome.status} after "
+        finish(store, run.id, outcome)
+        print(f"[rank0] run {run.id}: {outcome.status} after "
               f"{outcome.summary.get('steps_completed', step_box['step'])} steps", flush=True)
     # Other ranks leave the rest to rank 0: a divergence is of the aggregated loss, so every
     # rank diverges at the same step, and rank 0 records it.

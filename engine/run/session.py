@@ -112,8 +112,6 @@ class Outcome:
 def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome:
     """Train `spec.cfg`; return how it ended. `close_metrics` flushes the metric rows and
     is called before the outcome's summary is merged, on every path."""
-    import torch  # the session is the trainer: the supervisor never gets here
-
     from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
     from engine.training.loop import Diverged, train  # imports torch
 
@@ -133,9 +131,9 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
         close_metrics()
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or looks_like_oom(exc):
+        spec.log(traceback.format_exc().rstrip())  # the whole story goes to the run's log
+        if is_oom(exc):
             return Outcome(OOM, _record_oom(spec, exc), error=exc)
-        spec.log(traceback.format_exc().rstrip())
         return Outcome(FAILED, f"{type(exc).__name__}: {exc}"[:2000], error=exc)
     finally:
         sampler.stop()
@@ -184,6 +182,13 @@ def device_peak(sink: SummarySink, run_id: str, device_key: str, cfg: RunConfig)
 def looks_like_oom(exc: BaseException) -> bool:
     text = str(exc)
     return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error, typed (torch, Python) or by its words (CUDA, NCCL, mmap)."""
+    import torch  # loaded by now: only a trainer asks
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or looks_like_oom(exc)
 
 
 def _record_oom(spec: SessionSpec, exc: BaseException) -> str:
@@ -250,10 +255,12 @@ def run_trainer(run_id: str, store: Store) -> int:
     return 1 if outcome.failed else 0
 
 
-def finish(store: Store, run_id: str, outcome: Outcome) -> None:
-    """The run's last word in the store: overview and comparison stats, then the status."""
-    from engine.run.finalize import finalize_run_data  # pandas: kept out of the supervisor
+def finish(store: Store, run_id: str, outcome: Outcome) -> bool:
+    """The run's last word in the store: overview and comparison stats (for a run that
+    trained to an end), then the status; True when the status was set."""
+    # finalize reads the whole metric table with pandas: kept out of the supervisor
+    from engine.run.finalize import finalize_run_data
 
     if outcome.status in (FINISHED, STOPPED, DIVERGED):
         finalize_run_data(store, run_id)
-    store.set_status(run_id, outcome.status, outcome.reason)
+    return store.set_status(run_id, outcome.status, outcome.reason)

@@ -1,5 +1,7 @@
-"""Multi-process runs (RunConfig.nprocs > 1): torchrun starts the ranks, this module
-decides what is allowed, keeps track of the rank processes and says why a run failed.
+"""Multi-process runs (RunConfig.nprocs > 1): torchrun starts the ranks; this module is the
+supervisor's side (start the agent, forward a stop, record the outcome), the agent, and
+the verdict of why a run failed. What a machine allows is engine.admission; the records of
+the rank processes are engine.run.ranks; one rank's life is engine.run.rank.
 
 Processes of such a run:
 
@@ -24,8 +26,8 @@ Processes of such a run:
   flag is OR-ed across ranks in the one collective of each log boundary, so no rank waits
   forever in an all-reduce that its peers have left.
 
-No torch import at module level: the supervisor, the launcher and the UI use the
-decisions and the bookkeeping; the agent and the ranks import torch when they start.
+No torch import at module level: the supervisor imports this module; the agent and the
+ranks import torch when they start.
 """
 
 from __future__ import annotations
@@ -280,7 +282,7 @@ def rank_main(run_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# files
+# entry point
 
 
 def main(argv: list[str] | None = None) -> int:

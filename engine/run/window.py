@@ -53,8 +53,12 @@ def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     # pandas: only a GPU trace needs it, so a CPU trainer's start-up never pays for it
-    from engine.analysis.traces import (breakdown, kernel_summary_rows, load_kernel_table,
-                                        trace_device)
+    from engine.analysis.traces import (
+        breakdown,
+        kernel_summary_rows,
+        load_kernel_table,
+        trace_device,
+    )
 
     table = load_kernel_table(trace_path)
     if table.empty:
