@@ -38,6 +38,13 @@ TELEMETRY_COLUMNS = (
     "t_s", "gpu_util_pct", "mem_util_pct", "gpu_mem_used_bytes", "power_w", "power_limit_w",
     "temp_c", "sm_clock_mhz", "throttle_reasons", "cpu_pct", "rss_bytes",
 )
+# The unit of each metric column whose name does not carry one (exports write "loss [nats]").
+METRIC_UNITS = {
+    "step": "optimizer step", "loss": "nats (cross-entropy)", "lr": "learning rate",
+    "mfu": "fraction of peak", "loss_scale": "GradScaler scale", "skipped_steps": "count",
+    "grad_norm": "L2 norm", "phase": "warmup|steady|profile|numerics",
+}
+TELEMETRY_UNITS = {"throttle_reasons": "NVML clock event reasons", "rank": "process rank"}
 KERNEL_COLUMNS = (
     "name", "category", "tensor_core", "dtype", "reason", "total_us", "count", "cpu_op",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.analysis.compare import ema
 from engine.analysis.live import steady_median
 from engine.schema import PROFILE
 
@@ -31,16 +32,37 @@ def _shade_profile_window(fig: go.Figure, frame: pd.DataFrame) -> None:
                       annotation_position="top left")
 
 
-def loss_figure(frame: pd.DataFrame, name: str = "loss") -> go.Figure:
+RAW_OPACITY = 0.3  # with smoothing on, the raw points stay visible, faint, under the EMA
+
+
+def _series(fig: go.Figure, frame: pd.DataFrame, column: str, name: str,
+            smoothing: float) -> None:
+    """The raw series, and its EMA (engine.analysis.compare.ema) over it when smoothing > 0."""
+    if smoothing <= 0:
+        fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=name))
+        return
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=f"{name} (raw)",
+                             opacity=RAW_OPACITY))
+    fig.add_trace(go.Scatter(x=frame["step"], y=ema(frame[column], smoothing), mode="lines",
+                             name=f"{name} (EMA {smoothing:g})"))
+
+
+def loss_figure(frame: pd.DataFrame, name: str = "loss", smoothing: float = 0.0,
+                log_y: bool = False) -> go.Figure:
     fig = _figure("Loss", "step", "loss")
-    fig.add_trace(go.Scatter(x=frame["step"], y=frame["loss"], mode="lines", name=name))
+    _series(fig, frame, "loss", name, smoothing)
+    if log_y:
+        fig.update_yaxes(type="log")
     _shade_profile_window(fig, frame)
     return fig
 
 
-def throughput_figure(frame: pd.DataFrame, column: str, unit: str) -> go.Figure:
+def throughput_figure(frame: pd.DataFrame, column: str, unit: str, smoothing: float = 0.0,
+                      log_y: bool = False) -> go.Figure:
     fig = _figure(f"Throughput ({unit}/s)", "step", f"{unit}/s")
-    fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=f"{unit}/s"))
+    _series(fig, frame, column, f"{unit}/s", smoothing)
+    if log_y:
+        fig.update_yaxes(type="log")
     median = steady_median(frame, column)
     if median is not None:
         fig.add_hline(y=median, line_dash="dot",

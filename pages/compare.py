@@ -62,9 +62,27 @@ def _md(text: str) -> str:
     return re.sub(r"([\\`*_{}\[\]<>()#+!|~$-])", r"\\\1", text)
 
 
+def selection_from_url() -> None:
+    """A shared link (?runs=ID,ID&baseline=ID) restores that view on the first visit;
+    ids this store does not have are named (as text) and left out."""
+    if RUNS_KEY in st.session_state or "runs" not in st.query_params:
+        return
+    requested = [i.strip() for i in st.query_params.get("runs", "").split(",") if i.strip()]
+    unknown = [i for i in requested if i not in by_id]
+    if unknown:
+        st.warning(f"{len(unknown)} run(s) in this page's address do not exist here (deleted, "
+                   "or from another data directory); comparing the others.")
+        st.code("\n".join(unknown[:20]), language=None)
+    st.session_state[RUNS_KEY] = [i for i in requested if i in by_id]
+    st.session_state[SEEN_PRESET_KEY] = tuple(st.session_state.get(PRESET_KEY) or ())
+    if st.query_params.get("baseline") in st.session_state[RUNS_KEY]:
+        st.session_state[BASELINE_KEY] = st.query_params["baseline"]
+
+
 def sync_selection() -> None:
     """Default the run picker to the latest preset, once per new preset (not on every
     rerun, which would undo the user's own picks)."""
+    selection_from_url()
     preset = tuple(st.session_state.get(PRESET_KEY) or ())
     if RUNS_KEY not in st.session_state or st.session_state.get(SEEN_PRESET_KEY) != preset:
         st.session_state[RUNS_KEY] = [i for i in default_selection(store, preset) if i in by_id]
@@ -111,6 +129,8 @@ if st.session_state.get(BASELINE_KEY) not in selected:
 left, mid, right, far = st.columns([2, 2, 3, 1])
 baseline = left.selectbox("Baseline", selected, key=BASELINE_KEY, format_func=names.get,
                           help="Ratios are against this run (default: the fp32 run)")
+st.query_params["runs"] = ",".join(selected)  # a shareable URL for this comparison
+st.query_params["baseline"] = baseline
 x_choice = mid.radio("X axis", [X_STEP, X_WALL], horizontal=True, key="compare_x",
                      format_func={X_STEP: "step", X_WALL: "wall time"}.get)
 smoothing = right.slider("Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01,

@@ -120,10 +120,18 @@ if not runs:
     st.stop()
 
 ids = [r.id for r in runs]
-wanted = st.session_state.get(LIVE_RUN_KEY)
+url_run = st.query_params.get("run")
+if url_run and url_run not in ids and "kernels_run" not in st.session_state:
+    # Shown as text: the id comes from the URL.
+    st.warning("The run in this page's address has no profiler window here (unknown run, "
+               "or not profiled); showing the newest profiled run instead.")
+    st.code(url_run, language=None)
+wanted = (url_run if url_run in ids and "kernels_run" not in st.session_state
+          else st.session_state.get(LIVE_RUN_KEY))
 run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
                       format_func=lambda i: next(f"{status_badge(r.status)} · {r.config.label} · {r.id}"
                                                  for r in runs if r.id == i), key="kernels_run")
+st.query_params["run"] = run_id  # shareable URL for this run's breakdown
 try:
     run = store.get_run(run_id)
 except RunNotFound:

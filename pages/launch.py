@@ -24,7 +24,14 @@ from engine.config import (
 from engine.hardware.devices import UNSUPPORTED, mode_support
 from engine.presets import COMPARISON_PRESET, launch_many
 from engine.store import StoreError
-from pages.ui import MODE_ICONS, cached_devices, ensure_app_shell, get_store, open_in_live
+from pages.ui import (
+    MODE_ICONS,
+    PREFILL_KEY,
+    cached_devices,
+    ensure_app_shell,
+    get_store,
+    open_in_live,
+)
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -38,6 +45,40 @@ store = get_store()
 devices = cached_devices()
 device_keys = ["auto"] + [d.key for d in devices]
 by_key = {d.key: d for d in devices}
+
+# RunConfig field -> the key of its input below ("Re-launch with this config" fills them).
+FORM_KEYS = {
+    "device": "device", "model": "model", "size": "size", "precision": "precision",
+    "batch_size": "batch_size", "steps": "steps", "lr": "lr", "optimizer": "optimizer",
+    "seed": "seed", "seq_len": "seq_len", "image_size": "image_size",
+    "channels_last": "channels_last", "compile": "compile", "nprocs": "nprocs",
+    "sharding": "sharding", "comm_hook": "comm_hook", "loss_scaling": "loss_scaling",
+    "grad_scaler_init_scale": "init_scale", "grad_scaler_growth_interval": "growth",
+    "log_interval": "log_interval", "warmup_steps": "warmup_steps", "profile": "profile",
+    "profile_steps": "profile_steps", "numerics": "numerics", "memory_cap_mb": "memory_cap_mb",
+    "name": "name",
+}
+FLOAT_FIELDS = ("lr", "grad_scaler_init_scale")
+
+
+def apply_prefill() -> str | None:
+    """Copy a re-launched run's config into the inputs, once; the source run id."""
+    prefill = st.session_state.pop(PREFILL_KEY, None)
+    if not prefill:
+        return None
+    for field_name, value in prefill["config"].items():
+        key = FORM_KEYS.get(field_name)
+        if key is None:
+            continue
+        if field_name == "device" and value not in device_keys:
+            value = "auto"  # e.g. a GPU this machine does not have
+        st.session_state[key] = float(value) if field_name in FLOAT_FIELDS else value
+    return prefill["run_id"]
+
+
+prefilled_from = apply_prefill()
+if prefilled_from:
+    st.info(f"Filled in from run `{prefilled_from}`: change anything, then launch.")
 default_device = next((d.key for d in devices if d.kind == "cuda" and d.torch_usable), "cpu")
 
 left, right = st.columns(2)

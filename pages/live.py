@@ -12,6 +12,7 @@ import streamlit as st
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.live import eta_s, live_headline
 from engine.cluster.ray_runs import is_ray_run
+from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.launcher import read_log_tail, reconcile, stop
 from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
@@ -24,6 +25,7 @@ from pages.ui import (
     fmt_duration,
     fmt_num,
     get_store,
+    relaunch,
     status_badge,
 )
 
@@ -62,6 +64,23 @@ st.caption(f"{cfg.model}-{cfg.size} · {cfg.precision} · batch {cfg.batch_size}
               if cfg.nprocs > 1 else ""))
 
 on_ray = is_ray_run(store, run.id)  # a sweep run placed by a Ray cluster (device "cpu@IP")
+# Chart options and run actions: outside the refreshing fragment (the fragment reads them).
+opt_smooth, opt_log, opt_relaunch, opt_csv, opt_parquet = st.columns([3, 1, 2, 1, 1])
+opt_smooth.slider("Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01, key="live_smoothing",
+                  help="The smoothed line is drawn over the raw points, which stay visible")
+opt_log.toggle("Log y", key="live_log", help="Loss and throughput on a log scale")
+if opt_relaunch.button("Re-launch with this config", key="live_relaunch",
+                       help="Opens Launch with this run's settings filled in"):
+    relaunch(run)
+opt_csv.download_button("CSV", data=lambda: metrics_csv(store, run.id),
+                        file_name=f"{run.id}-metrics.csv", mime="text/csv", key="live_csv",
+                        help="Every logged step, every metric column (units in the header)",
+                        on_click="ignore")
+opt_parquet.download_button("Parquet", data=lambda: metrics_parquet(store, run.id),
+                            file_name=f"{run.id}-metrics.parquet",
+                            mime="application/vnd.apache.parquet", key="live_parquet",
+                            help="Every logged step, typed columns; units in the file metadata",
+                            on_click="ignore")
 if run.is_active:
     if st.button("⏹ Stop run", key="stop_run", type="secondary"):
         with st.spinner("Stopping (the Ray task is asked to stop, then cancelled)..." if on_ray
@@ -163,9 +182,13 @@ def charts_block(run, frame: pd.DataFrame) -> None:
     is_cuda = run.device_key.startswith("cuda")
     rate_col = throughput_column(run.config.model)
     unit = throughput_unit(run.config.model).removesuffix("/s")
+    smoothing = float(st.session_state.get("live_smoothing", 0.0))
+    log_y = bool(st.session_state.get("live_log"))
     left, right = st.columns(2)
-    left.plotly_chart(charts.loss_figure(frame), key="chart_loss")
-    right.plotly_chart(charts.throughput_figure(frame, rate_col, unit), key="chart_throughput")
+    left.plotly_chart(charts.loss_figure(frame, smoothing=smoothing, log_y=log_y),
+                      key="chart_loss")
+    right.plotly_chart(charts.throughput_figure(frame, rate_col, unit, smoothing=smoothing,
+                                                log_y=log_y), key="chart_throughput")
     left, right = st.columns(2)
     left.plotly_chart(charts.memory_figure(frame, is_cuda), key="chart_memory")
     if run.config.uses_grad_scaler:

@@ -1,16 +1,26 @@
-"""Runs: every run in the store, filterable; open one in Live."""
+"""Runs: every run in the store; search and filter, open one in Live, re-launch its config,
+tag it, write a note, archive or delete it."""
 
 from __future__ import annotations
 
-import math
+import datetime as dt
 
 import pandas as pd
 import streamlit as st
 
-from engine.config import Precision, choices
+from engine.analysis.runs import (
+    RunFilter,
+    filter_runs,
+    parse_tag_filter,
+    parse_tags_text,
+    run_row,
+    tags_text,
+)
+from engine.config import ConfigError, ModelName, Precision, choices
 from engine.run.launcher import reconcile
-from engine.schema import STATUSES, throughput_column, throughput_unit
-from pages.ui import ensure_app_shell, get_store, open_in_live, status_badge
+from engine.schema import STATUSES
+from engine.store import RunActive, RunNotFound
+from pages.ui import ensure_app_shell, get_store, open_in_live, relaunch, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -24,54 +34,131 @@ if not runs:
     st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
     st.stop()
 
+# -- filters ---------------------------------------------------------------------------
+top_left, top_right = st.columns([3, 2])
+search = top_left.text_input("Search", key="runs_search", placeholder="run id, label, note, tag",
+                             help="Case-insensitive, in the run id, label, note and tags")
+tag_text = top_right.text_input("Tags", key="runs_tags", placeholder="team=infra, baseline",
+                                help="key=value, or a bare key for any value; comma-separated")
+cols = st.columns([2, 2, 2, 2, 2, 2])
+status_filter = cols[0].multiselect("Status", STATUSES, key="runs_status")
+precision_filter = cols[1].multiselect("Precision", choices(Precision), key="runs_precision")
+model_filter = cols[2].multiselect("Model", choices(ModelName), key="runs_model")
+since = cols[3].date_input("Created from", value=None, key="runs_since")
+until = cols[4].date_input("Created until", value=None, key="runs_until")
+show_archived = cols[5].toggle("Show archived", key="runs_archived",
+                               help="Archived runs are hidden from this list unless this is on")
+try:
+    tag_filter = parse_tag_filter(tag_text)
+except ConfigError as exc:
+    st.error(f"Tags filter: {exc.fix}")  # the text itself is the user's: not echoed as Markdown
+    tag_filter = {}
+flt = RunFilter(text=search, tags=tag_filter, models=tuple(model_filter),
+                precisions=tuple(precision_filter), statuses=tuple(status_filter),
+                since=since if isinstance(since, dt.date) else None,
+                until=until if isinstance(until, dt.date) else None, archived=show_archived)
+shown = filter_runs(runs, flt)
+archived_count = sum(1 for r in runs if r.archived)
+st.caption(f"{len(shown)} of {len(runs)} runs"
+           + (f" ({archived_count} archived, hidden)" if archived_count and not show_archived else "")
+           + ". Select rows to act on them.")
 
-def _finite(value):
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+# -- the table -------------------------------------------------------------------------
+rows = [run_row(r) for r in shown]
+table = pd.DataFrame(rows, columns=list(run_row(runs[0]).keys()))
+if len(table):
+    table["status"] = [status_badge(s) + (" · archived" if a else "")
+                       for s, a in zip(table["status"], table["archived"])]
+for column in ("duration_s", "throughput", "peak_mem_gib", "final_loss", "mfu_pct"):
+    table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN renders blank
+# The selection is by row position: after an action changes the rows, a new key starts the
+# table with nothing selected, so a position never points at another run.
+TABLE_VERSION_KEY = "runs_table_version"
 
 
-def runs_table(records) -> pd.DataFrame:
-    rows = []
-    for r in records:
-        s = r.summary
-        rate = s.get(throughput_column(r.config.model))
-        rows.append({
-            "run_id": r.id, "status": status_badge(r.status), "model": f"{r.config.model}-{r.config.size}",
-            "precision": r.config.precision, "batch": r.config.batch_size,
-            "steps": f"{r.steps_completed}/{r.total_steps}",
-            "throughput": _finite(rate),
-            "unit": throughput_unit(r.config.model),
-            "peak_mem_GiB": (s["peak_mem_bytes"] / 2**30) if s.get("peak_mem_bytes") else None,
-            "final_loss": _finite(s.get("final_loss")),
-            "MFU_%": 100 * s["mfu"] if s.get("mfu") else None,
-            "device": r.device_key, "label": r.config.name,
-            "reason": r.reason or "",
-        })
-    table = pd.DataFrame(rows)
-    # NaN, not None, so empty numeric cells render blank rather than as "None".
-    for column in ("throughput", "peak_mem_GiB", "final_loss", "MFU_%"):
-        table[column] = pd.to_numeric(table[column], errors="coerce")
-    return table
+def table_key() -> str:
+    return f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}"
 
 
-left, right = st.columns(2)
-status_filter = left.multiselect("Status", STATUSES, key="runs_status")
-precision_filter = right.multiselect("Precision", choices(Precision), key="runs_precision")
-shown = [r for r in runs
-         if (not status_filter or r.status in status_filter)
-         and (not precision_filter or r.config.precision in precision_filter)]
-st.caption(f"{len(shown)} of {len(runs)} runs. Select a row to open it in Live.")
+def changed_rows() -> None:
+    st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1
+    st.rerun()
 
-table = runs_table(shown)
+
 event = st.dataframe(
-    table, key="runs_table", hide_index=True, on_select="rerun", selection_mode="single-row",
+    table.drop(columns=["archived"]), key=table_key(), hide_index=True, on_select="rerun",
+    selection_mode="multi-row",
     column_config={
+        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
+        "label": st.column_config.TextColumn("label", width="large",
+                                             help="The run's label (full text on hover)"),
         "throughput": st.column_config.NumberColumn(format="%.1f"),
-        "peak_mem_GiB": st.column_config.NumberColumn("peak mem (GiB)", format="%.3f"),
+        "peak_mem_gib": st.column_config.NumberColumn("peak mem (GiB)", format="%.3f"),
         "final_loss": st.column_config.NumberColumn(format="%.4f"),
-        "MFU_%": st.column_config.NumberColumn("MFU (%)", format="%.1f"),
+        "mfu_pct": st.column_config.NumberColumn("MFU (%)", format="%.1f"),
+        "note": st.column_config.TextColumn("note", width="medium"),
+        "reason": st.column_config.TextColumn("reason", width="medium"),
     })
-selected_rows = event.selection.rows if event else []
-if selected_rows:
-    run_id = table.iloc[selected_rows[0]]["run_id"]
-    if st.button(f"Open {run_id} in Live", type="primary", key="open_live"):
-        open_in_live(run_id)
+selected_ids = [table.iloc[i]["run_id"] for i in (event.selection.rows if event else [])
+                if i < len(table)]
+if not selected_ids:
+    st.stop()
+selected = [store.get_run(run_id) for run_id in selected_ids]
+
+# -- actions on the selection ----------------------------------------------------------
+st.subheader(f"{len(selected)} selected" if len(selected) > 1 else f"Run {selected[0].id}")
+one = selected[0] if len(selected) == 1 else None
+action_cols = st.columns(4)
+if one is not None:
+    if action_cols[0].button("Open in Live", type="primary", key="open_live"):
+        open_in_live(one.id)
+    if action_cols[1].button("Re-launch with this config", key="relaunch",
+                             help="Opens Launch with this run's settings filled in"):
+        relaunch(one)
+any_archived = any(r.archived for r in selected)
+if action_cols[2].button("Unarchive" if any_archived else "Archive", key="archive",
+                         help="Archived runs are hidden unless 'Archived' is on; nothing is deleted"):
+    for run in selected:
+        store.set_archived(run.id, not any_archived)
+    changed_rows()
+
+with action_cols[3].popover("Delete", help="Removes the runs' rows and files for good"):
+    active = [r for r in selected if r.is_active]
+    if active:
+        st.warning(f"{len(active)} of these runs are queued or running: stop them first "
+                   "(Live page), then delete.")
+    else:
+        st.write(f"Delete {len(selected)} run(s), their metrics, logs and traces? This cannot "
+                 "be undone.")
+        confirm = st.checkbox("Yes, delete them", key="delete_confirm")
+        if st.button("Delete", type="primary", disabled=not confirm, key="delete_runs"):
+            deleted, refused = [], []
+            for run in selected:
+                try:
+                    store.delete_run(run.id)
+                    deleted.append(run.id)
+                except (RunActive, RunNotFound) as exc:
+                    refused.append(str(exc))
+            st.session_state.pop("delete_confirm", None)
+            for message in refused:
+                st.error(message)
+            if deleted:
+                st.toast(f"Deleted {len(deleted)} run(s)")
+                changed_rows()
+
+if one is not None:
+    with st.form(f"annotate_{one.id}"):
+        st.caption("Tags and note")
+        tags_in = st.text_input("Tags", value=tags_text(one.tags), key=f"tags_{one.id}",
+                                help="key=value pairs, comma-separated, e.g. team=infra, goal=bf16")
+        note_in = st.text_area("Note", value=one.note, key=f"note_{one.id}", max_chars=4000)
+        if st.form_submit_button("Save tags and note"):
+            try:
+                store.set_tags(one.id, parse_tags_text(tags_in))
+                store.set_note(one.id, note_in)
+            except ConfigError as exc:
+                st.error(f"Not saved: {exc.field}: {exc.fix}")
+            else:
+                st.toast("Saved")
+                changed_rows()

@@ -3,8 +3,6 @@ queue or on a Ray cluster; each run's status live, stop, and the results matrix.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -21,21 +19,22 @@ from engine.cluster.sweep import (
     MATRIX_METRICS,
     MAX_SWEEP_RUNS,
     SweepGrid,
+    cell_label,
     counts_text,
     create_sweep,
+    parse_batch_sizes,
     results_matrix,
     stop_sweep,
     sweep_view,
 )
 from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, choices
 from engine.run.launcher import reconcile, stop
-from engine.schema import FINISHED, SWEEP_RUNNING
+from engine.schema import SWEEP_RUNNING
 from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
 REFRESH_S = 2.0
-BATCH_CHOICES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SELECTED_KEY = "sweep_selected"
 LOCAL, RAY = "This machine (device queue, one run at a time)", "Ray cluster"
 
@@ -61,8 +60,13 @@ def grid_form() -> None:
     models = left.multiselect("Models", choices(ModelName), default=["mlp"], key="sw_models")
     precisions = middle.multiselect("Precisions", choices(Precision), default=["fp32", "bf16-amp"],
                                     key="sw_precisions")
-    batch_sizes = right.multiselect("Batch sizes", BATCH_CHOICES, default=[8, 16],
-                                    key="sw_batch_sizes")
+    batch_text = right.text_input("Batch sizes", value="8, 16", key="sw_batch_sizes",
+                                  help="Any whole numbers, comma-separated, e.g. 8, 16, 48")
+    try:
+        batch_sizes = list(parse_batch_sizes(batch_text))
+    except ConfigError as exc:
+        right.error(f"Batch sizes: {exc.fix}")
+        batch_sizes = []
     left, middle, right = st.columns(3)
     size = left.selectbox("Model size", choices(ModelSize), key="sw_size")
     steps = middle.number_input("Steps per run", *bounds("steps"), value=30,
@@ -132,10 +136,9 @@ def runs_table(view) -> pd.DataFrame:
 
 
 def heatmap(model: str, matrix: dict) -> go.Figure:
-    frame, status = matrix["values"][model], matrix["status"][model]
+    frame = matrix["values"][model]
     unit = matrix["unit"]
-    text = [[_cell_text(frame.loc[p, b], status.loc[p, b], unit) for b in frame.columns]
-            for p in frame.index]
+    text = [[cell_label(matrix, model, p, b) for b in frame.columns] for p in frame.index]
     throughput_x = matrix["metric"] == "throughput_x"
     fig = go.Figure(go.Heatmap(
         z=frame.astype(object).where(frame.notna(), None).values.tolist(), x=[f"bs {b}" for b in frame.columns], y=list(frame.index),
@@ -149,12 +152,6 @@ def heatmap(model: str, matrix: dict) -> go.Figure:
                       yaxis_autorange="reversed", margin=dict(l=10, r=10, t=40, b=10),
                       height=120 + 45 * len(frame.index))
     return fig
-
-
-def _cell_text(value, status: str, unit: str) -> str:
-    if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.2f}x" if unit == "x" else f"{value:.4g}"
-    return "n/a" if status == FINISHED else status
 
 
 def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
@@ -195,12 +192,19 @@ def sweeps_section() -> None:
         st.info("No sweeps yet. Define a grid above to start one.")
         return
     ids = [s.id for s in sweeps]
-    wanted = st.session_state.get(SELECTED_KEY)
+    url_sweep = st.query_params.get("sweep")
+    first_visit = "sw_select" not in st.session_state
+    if url_sweep and url_sweep not in ids and first_visit:
+        st.warning("The sweep in this page's address does not exist here; showing the newest "
+                   "sweep instead.")
+        st.code(url_sweep, language=None)  # as text: it comes from the URL
+    wanted = url_sweep if first_visit and url_sweep in ids else st.session_state.get(SELECTED_KEY)
     labels = {s.id: f"{s.id} · {s.backend} · {len(s.run_ids)} runs · {fmt_age(s.created_at)}"
               for s in sweeps}
     sweep_id = st.selectbox("Sweep", ids, index=ids.index(wanted) if wanted in ids else 0,
                             format_func=labels.get, key="sw_select")
     st.session_state[SELECTED_KEY] = sweep_id
+    st.query_params["sweep"] = sweep_id  # shareable URL for this sweep
     view = sweep_view(store, sweep_id)
     sweep_actions(view)
     metric = st.selectbox("Results matrix", list(MATRIX_METRICS), key="sw_metric",

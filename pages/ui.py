@@ -118,3 +118,12 @@ def fmt_age(timestamp) -> str:
 def open_in_live(run_id: str) -> None:
     st.session_state[LIVE_RUN_KEY] = run_id
     st.switch_page("pages/live.py")
+
+
+PREFILL_KEY = "launch_prefill"  # {"run_id": ..., "config": RunConfig.to_dict()} for Launch
+
+
+def relaunch(run) -> None:
+    """Open the Launch page with this run's config filled in (nothing starts yet)."""
+    st.session_state[PREFILL_KEY] = {"run_id": run.id, "config": run.config.to_dict()}
+    st.switch_page("pages/launch.py")

@@ -38,6 +38,7 @@ from browser_support import (
     unavailable,
     wait_app_idle,
     wait_for,
+    widget,
     worker_groups,
     worker_processes,
 )
@@ -293,7 +294,8 @@ def test_runs_page_lists_the_runs_and_opens_one_in_live(server, page, store):
     canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
     header_px = row_px = 35  # st.dataframe's default header and row heights
     page.mouse.click(canvas["x"] + 15, canvas["y"] + header_px + row_px * row_index + row_px / 2)
-    button = page.get_by_role("button", name=f"Open {failed} in Live")
+    page.get_by_text(f"Run {failed}").first.wait_for()
+    button = page.get_by_role("button", name="Open in Live", exact=True)
     button.click()
     page.wait_for_url(re.compile(rf"/live\?run={failed}$"))
     page.get_by_text("signal 9").first.wait_for()
@@ -303,6 +305,36 @@ def test_runs_page_lists_the_runs_and_opens_one_in_live(server, page, store):
     goto(page, f"{server.url}/live?run={finished}", TITLES["live"])
     wait_for(lambda: chart_points(page, "Loss") == 20, 20, message="the stored 20 points")
     assert_page_healthy(page, "Live of a finished run")
+
+
+@pytest.mark.timeout(180)
+def test_runs_page_relaunch_fills_the_launch_form_and_archive_hides_the_run(server, page, store):
+    from engine.config import RunConfig
+
+    source = store.create_run(RunConfig(model="mlp", precision="bf16-amp", batch_size=48,
+                                        steps=77, name="to re-launch"), "cpu", "test cpu")
+    store.set_status(source, "finished")
+    goto(page, f"{server.url}/runs", TITLES["runs"])
+    wait_for(lambda: grid_cells(page), 20, message="the runs table's rows")
+    canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
+    page.mouse.click(canvas["x"] + 15, canvas["y"] + 35 + 35 / 2)  # the only row's marker
+    page.get_by_role("button", name="Re-launch with this config", exact=True).click()
+    page.wait_for_url(re.compile(r"/launch$|/$"))
+    page.get_by_text(f"Filled in from run {source}").first.wait_for()
+    assert widget(page, "batch_size").locator("input").input_value() == "48"
+    assert widget(page, "steps").locator("input").input_value() == "77"
+    assert widget(page, "name").locator("input").input_value() == "to re-launch"
+    assert len(store.list_runs()) == 1  # nothing launched yet
+    assert_page_healthy(page, "Launch prefilled")
+
+    goto(page, f"{server.url}/runs", TITLES["runs"])
+    wait_for(lambda: grid_cells(page), 20, message="the runs table's rows")
+    canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
+    page.mouse.click(canvas["x"] + 15, canvas["y"] + 35 + 35 / 2)
+    page.get_by_role("button", name="Archive", exact=True).click()
+    page.get_by_text("1 archived, hidden").first.wait_for()
+    assert store.get_run(source).archived
+    assert_page_healthy(page, "Runs after archive")
 
 
 @pytest.mark.timeout(120)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import math
 import sys
@@ -16,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from engine.admission import check_runnable
+from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
 from engine.config import (
     CommHook,
@@ -31,7 +33,7 @@ from engine.config import (
 )
 from engine.run.batch_search import find_max_batch
 from engine.run.launcher import launch, reconcile, stop
-from engine.schema import FINAL_STATUSES, FINISHED
+from engine.schema import FINAL_STATUSES, FINISHED, STATUSES
 from engine.store import Store, validate_run_id
 
 _ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
@@ -42,11 +44,15 @@ def add_subparsers(sub) -> None:
     """The run commands, on the top-level parser's sub-command set."""
     run_parser = sub.add_parser("run", help="train in the foreground; recorded like any other run")
     _add_config_options(run_parser)
+    run_parser.add_argument("--from-run", metavar="RUN_ID", default=None,
+                            help="start from this run's config (flags given override it)")
     run_parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     run_parser.set_defaults(func=cmd_run)
 
     launch_parser = sub.add_parser("launch", help="start a run in the background and return at once")
     _add_config_options(launch_parser)
+    launch_parser.add_argument("--from-run", metavar="RUN_ID", default=None,
+                               help="start from this run's config (flags given override it)")
     launch_parser.add_argument("--json", action="store_true")
     launch_parser.set_defaults(func=cmd_launch)
 
@@ -55,8 +61,21 @@ def add_subparsers(sub) -> None:
     show_parser.add_argument("--json", action="store_true")
     show_parser.set_defaults(func=cmd_show)
 
-    listing_parser = sub.add_parser("list", help="all runs, newest first")
+    listing_parser = sub.add_parser("list", help="runs, newest first (archived ones hidden)")
     listing_parser.add_argument("--json", action="store_true")
+    listing_parser.add_argument("--search", default="", metavar="TEXT",
+                                help="in run id, label, note and tags")
+    listing_parser.add_argument("--tag", default="", metavar="KEY=VALUE[,KEY]",
+                                help="runs with these tags (a bare KEY: any value)")
+    listing_parser.add_argument("--model", action="append", default=[], choices=choices(ModelName))
+    listing_parser.add_argument("--precision", action="append", default=[],
+                                choices=choices(Precision))
+    listing_parser.add_argument("--status", action="append", default=[], choices=STATUSES)
+    listing_parser.add_argument("--since", type=_date("--since"), default=None,
+                                metavar="YYYY-MM-DD", help="created on or after")
+    listing_parser.add_argument("--until", type=_date("--until"), default=None,
+                                metavar="YYYY-MM-DD", help="created on or before")
+    listing_parser.add_argument("--archived", action="store_true", help="include archived runs")
     listing_parser.set_defaults(func=cmd_list)
 
     stop_parser = sub.add_parser("stop", help="stop a queued or running run")
@@ -96,10 +115,24 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The flags given, on top of RunConfig's defaults or, with --from-run, of that run's
+    config (re-launch: the same run again, with any flag changed)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if getattr(args, f.name, None) is not None}
+    base = RunConfig()
+    if getattr(args, "from_run", None):
+        try:
+            source = Store().get_run(validate_run_id(args.from_run))
+        except ValueError as exc:  # a malformed id, or RunNotFound
+            raise UsageError(f"--from-run {args.from_run!r}: {exc}") from None
+        except KeyError:
+            raise UsageError(f"--from-run {args.from_run!r}: no such run; `python -m engine "
+                             "list` shows the runs") from None
+        if source.config_error:
+            raise UsageError(f"--from-run {args.from_run!r}: {source.config_error}")
+        base = source.config
     try:
-        return RunConfig(**given)
+        return base.replace(**given)
     except ConfigError as exc:
         raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
 
@@ -261,15 +294,34 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _date(flag: str):
+    def parse(text: str) -> dt.date:
+        try:
+            return dt.date.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected a date, e.g. "
+                                             "2026-12-01") from None
+    return parse
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     store = Store()
     reconcile(store)
-    runs = store.list_runs()
+    try:
+        flt = RunFilter(text=args.search, tags=parse_tag_filter(args.tag),
+                        models=tuple(args.model), precisions=tuple(args.precision),
+                        statuses=tuple(args.status), since=args.since, until=args.until,
+                        archived=args.archived)
+    except ConfigError as exc:
+        raise UsageError(f"--tag {exc.value!r}: {exc.fix}") from None
+    runs = filter_runs(store.list_runs(limit=100_000), flt)
     rows = [{"run_id": r.id, "status": r.status, "model": r.config.model, "size": r.config.size,
              "precision": r.config.precision, "batch_size": r.config.batch_size,
              "steps_completed": r.steps_completed, "total_steps": r.total_steps,
              "device": r.device_key, "final_loss": _finite_or_none(r.summary.get("final_loss")),
-             "samples_per_s": r.summary.get("samples_per_s")} for r in runs]
+             "samples_per_s": r.summary.get("samples_per_s"), "created_at": r.created_at,
+             "duration_s": r.duration_s, "label": r.config.label, "tags": r.tags,
+             "note": r.note, "archived": r.archived} for r in runs]
     if args.json:
         print(json.dumps(rows))
         return EXIT_OK

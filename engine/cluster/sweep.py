@@ -138,6 +138,12 @@ def _enum_list(name: str, values, enum_type, noun: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))  # duplicates would only repeat a run
 
 
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """"8, 16, 48" -> (8, 16, 48): the Sweep page's batch-size input, checked like the CLI's
+    --batch-sizes (ConfigError naming the bad entry and the allowed range)."""
+    return _batch_list(text)
+
+
 def _batch_list(values) -> tuple[int, ...]:
     items = _split(values)
     if not items:
@@ -292,22 +298,39 @@ def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
     grid = view.grid
     baseline = baseline_precision(grid.precisions)
     cells = {(r.config.model, r.config.precision, r.config.batch_size): r for r in view.runs}
-    values, statuses = {}, {}
+    values, statuses, absolute = {}, {}, {}
     for model in grid.models:
         frame = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
                              dtype=float)
         status = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
                               dtype=object)
+        own = frame.copy()  # the absolute figure behind a ratio (throughput_x: samples/s)
         for precision, batch in itertools.product(grid.precisions, grid.batch_sizes):
             run = cells.get((model, precision, batch))
             status.loc[precision, batch] = run.status if run else "missing"
             base = cells.get((model, baseline, batch))
             frame.loc[precision, batch] = _cell_value(run, base, metric)
+            own.loc[precision, batch] = _cell_value(run, None, "samples_per_s") \
+                if metric == "throughput_x" else frame.loc[precision, batch]
         frame.index.name, frame.columns.name = "precision", "batch size"
-        values[model], statuses[model] = frame, status
+        values[model], statuses[model], absolute[model] = frame, status, own
     label, unit = MATRIX_METRICS[metric]
-    return {"values": values, "status": statuses, "baseline": baseline, "metric": metric,
-            "label": label, "unit": unit}
+    return {"values": values, "status": statuses, "absolute": absolute, "baseline": baseline,
+            "metric": metric, "label": label, "unit": unit}
+
+
+def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -> str:
+    """A heatmap cell's text: the value with its unit, and for a ratio the absolute figure
+    under it ("1.23x" / "4,567 samples/s"); the run's status where it has no value."""
+    value = matrix["values"][model].loc[precision, batch]
+    status = matrix["status"][model].loc[precision, batch]
+    if not (isinstance(value, float) and math.isfinite(value)):
+        return "n/a" if status == FINISHED else status
+    if matrix["metric"] == "throughput_x":
+        own = matrix["absolute"][model].loc[precision, batch]
+        return f"{value:.2f}x<br>{own:,.0f} samples/s"
+    unit = matrix["unit"]
+    return f"{value:.4g}" + (f" {unit}" if unit else "")
 
 
 def _cell_value(run: RunRecord | None, base: RunRecord | None, metric: str) -> float:

@@ -13,7 +13,8 @@ Layout of the data directory (env `PRECISION_LAB_HOME`, default ./.precision_lab
 
 One class, `Store`, in parts: db (opening, connections, the runs table), migrations
 (tables and added columns), queue (device claims), series (metrics, telemetry,
-kernels), sweeps; downsample is the min/max bucketing the series reads use.
+kernels), sweeps, manage (archive, tags, notes, delete); downsample is the min/max
+bucketing the series reads use.
 """
 
 from engine.schema import HOME_ENV
@@ -28,15 +29,16 @@ from engine.store.db import (
     new_run_id,
     validate_run_id,
 )
+from engine.store.manage import ManageMixin, RunActive
 from engine.store.queue import QueueMixin
 from engine.store.series import SeriesMixin
 from engine.store.sweeps import SweepNotFound, SweepRecord, SweepsMixin
 
 
-class Store(QueueMixin, SeriesMixin, SweepsMixin, StoreCore):
+class Store(ManageMixin, QueueMixin, SeriesMixin, SweepsMixin, StoreCore):
     """The data directory and its database; see the module docstring."""
 
 
-__all__ = ["DB_FILENAME", "DEFAULT_HOME", "HOME_ENV", "RunNotFound", "RunRecord", "Store",
+__all__ = ["DB_FILENAME", "DEFAULT_HOME", "HOME_ENV", "RunActive", "RunNotFound", "RunRecord", "Store",
            "StoreError", "SweepNotFound", "SweepRecord", "default_home", "new_run_id",
            "validate_run_id"]

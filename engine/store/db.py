@@ -83,6 +83,16 @@ class RunRecord:
     """Why the stored config does not parse (written by another version, edited by hand);
     `config` is then RunConfig() defaults for display only and the run is never trained
     (the worker ends it as failed with this reason)."""
+    archived: bool = False  # hidden from the run lists unless asked for
+    tags: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to end (to now while running); None before it started."""
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
 
     @property
     def is_active(self) -> bool:
@@ -95,7 +105,8 @@ class RunRecord:
             "device_name": self.device_name, "created_at": self.created_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "pid": self.pid,
             "steps_completed": self.steps_completed, "total_steps": self.total_steps,
-            "summary": self.summary,
+            "summary": self.summary, "archived": self.archived, "tags": self.tags,
+            "note": self.note,
         }
 
 
@@ -299,7 +310,16 @@ def _record(row: sqlite3.Row) -> RunRecord:
         created_at=row["created_at"], started_at=row["started_at"], ended_at=row["ended_at"],
         pid=row["pid"], pid_create_time=row["pid_create_time"], train_pid=row["train_pid"],
         steps_completed=row["steps_completed"], total_steps=row["total_steps"],
-        summary=json.loads(row["summary_json"] or "{}"), config_error=config_error)
+        summary=json.loads(row["summary_json"] or "{}"), config_error=config_error,
+        archived=bool(row["archived"]), tags=_tags(row["tags_json"]), note=row["note"] or "")
+
+
+def _tags(text: str | None) -> dict[str, str]:
+    try:
+        tags = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {}
 
 
 def _sql_value(value: Any) -> Any:

@@ -116,6 +116,7 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise NewerSchema(version)
     conn.executescript(_SCHEMA)
     _add_telemetry_rank(conn)
+    _add_run_annotations(conn)
     conn.executescript(_SWEEP_SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -133,6 +134,28 @@ def _add_telemetry_rank(conn: sqlite3.Connection) -> None:
         if "duplicate column" not in str(exc).lower():
             raise
 # == end of telemetry ranks ==============================================================
+
+
+# What a user adds to a run after launch: archived flag, tags, a note. Databases written
+# before these existed gain the columns (defaults: not archived, no tags, no note).
+RUN_ANNOTATION_COLUMNS = (
+    ("archived", "INTEGER NOT NULL DEFAULT 0"),
+    ("tags_json", "TEXT NOT NULL DEFAULT '{}'"),
+    ("note", "TEXT NOT NULL DEFAULT ''"),
+)
+
+
+def _add_run_annotations(conn: sqlite3.Connection) -> None:
+    """Idempotent, and safe when two processes open the same old database at once."""
+    for name, declaration in RUN_ANNOTATION_COLUMNS:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        if name in columns:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {declaration}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc).lower():
+                raise
 
 
 # How long a first open keeps retrying the switch to WAL while other processes race for it.

@@ -1,0 +1,118 @@
+"""The run list as people search it: filters (text, tags, model, precision, status, date,
+archived) and the rows of the Runs table and `python -m engine list`. Pure functions of
+RunRecords: the page and the CLI filter and show the same runs the same way."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from engine.config import ConfigError
+from engine.schema import throughput_column, throughput_unit
+from engine.store import RunRecord
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    text: str = ""                                  # in id, label, note, tags (case-insensitive)
+    tags: dict[str, str | None] = field(default_factory=dict)  # value None: the key is set
+    models: tuple[str, ...] = ()
+    precisions: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ()
+    since: dt.date | None = None                    # created on or after (local date)
+    until: dt.date | None = None                    # created on or before
+    archived: bool = False                          # True: archived runs too
+
+
+def parse_tag_filter(text: str) -> dict[str, str | None]:
+    """"team=infra, baseline" -> {"team": "infra", "baseline": None}."""
+    wanted: dict[str, str | None] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not key.strip():
+            raise ConfigError("tag filter", part, "key=value or key, e.g. team=infra")
+        wanted[key.strip()] = value.strip() if sep else None
+    return wanted
+
+
+def parse_tag_assignments(items: Iterable[str]) -> dict[str, str]:
+    """["team=infra", "goal=bf16"] -> {"team": "infra", "goal": "bf16"} (CLI `tag`)."""
+    tags = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("tag", item, "key=value, e.g. team=infra")
+        tags[key] = value
+    return tags
+
+
+def parse_tags_text(text: str) -> dict[str, str]:
+    """"team=infra, goal=bf16" -> {"team": "infra", "goal": "bf16"}; a bare key gets "".
+    The inverse of tags_text (the Runs page's tags input)."""
+    tags = {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        if part:
+            key, _, value = part.partition("=")
+            tags[key.strip()] = value.strip()
+    return tags
+
+
+def _matches(run: RunRecord, flt: RunFilter) -> bool:
+    cfg = run.config
+    if run.archived and not flt.archived:
+        return False
+    if flt.models and cfg.model not in flt.models:
+        return False
+    if flt.precisions and cfg.precision not in flt.precisions:
+        return False
+    if flt.statuses and run.status not in flt.statuses:
+        return False
+    created = dt.datetime.fromtimestamp(run.created_at).date()
+    if (flt.since and created < flt.since) or (flt.until and created > flt.until):
+        return False
+    for key, value in flt.tags.items():
+        if key not in run.tags or (value is not None and run.tags[key] != value):
+            return False
+    if flt.text:
+        haystack = " ".join([run.id, cfg.label, cfg.name, run.note,
+                             *(f"{k}={v}" for k, v in run.tags.items())]).lower()
+        if flt.text.lower() not in haystack:
+            return False
+    return True
+
+
+def filter_runs(runs: Iterable[RunRecord], flt: RunFilter) -> list[RunRecord]:
+    return [run for run in runs if _matches(run, flt)]
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def tags_text(tags: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" if v else k for k, v in sorted(tags.items()))
+
+
+def run_row(run: RunRecord) -> dict[str, Any]:
+    """One run as the Runs table and `list --json` show it."""
+    s, cfg = run.summary, run.config
+    peak = s.get("peak_mem_bytes")
+    return {
+        "run_id": run.id, "status": run.status,
+        "model": f"{cfg.model}-{cfg.size}", "precision": str(cfg.precision),
+        "batch_size": cfg.batch_size, "steps": f"{run.steps_completed}/{run.total_steps}",
+        "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
+        "duration_s": _finite(run.duration_s), "label": cfg.label,
+        "throughput": _finite(s.get(throughput_column(cfg.model))),
+        "unit": throughput_unit(cfg.model),
+        "peak_mem_gib": peak / 2**30 if isinstance(peak, (int, float)) and peak else None,
+        "final_loss": _finite(s.get("final_loss")),
+        "mfu_pct": 100 * s["mfu"] if _finite(s.get("mfu")) else None,
+        "device": run.device_key, "tags": tags_text(run.tags), "note": run.note,
+        "archived": run.archived, "reason": run.reason or "",
+    }

@@ -1,0 +1,161 @@
+"""Send a finished run to MLflow, where many teams keep their results.
+
+One MLflow run per Precision Lab run, in the experiment "precision-lab" (or the one
+given): the config as params, every metric column as a metric by step under the same
+name (`loss`, `samples_per_s`, `step_time_ms`, ...), telemetry as MLflow system metrics
+(`system/gpu_util_pct`, `system/cpu_pct`, ... by sample), the summary figures as
+metrics without a step, the profiler trace, worker log, numerics file and a one-run
+HTML report as artifacts, and the run's status as MLflow's (FINISHED, FAILED, KILLED).
+The Precision Lab run id is the tag `precision_lab.run_id`: exporting again makes a new
+MLflow run, and the tag tells them apart.
+
+MLflow is an optional extra (requirements-export.txt); without it the CLI says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from engine.report.export import metrics_frame
+from engine.schema import (
+    FAILED,
+    FINISHED,
+    NUMERICS_FILENAME,
+    ONEDNN_LOG_FILENAME,
+    OOM,
+    STOPPED,
+    TRACE_FILENAME,
+    WORKER_LOG,
+)
+from engine.store import RunRecord, Store
+
+DEFAULT_EXPERIMENT = "precision-lab"
+BATCH = 1000  # MLflow's log_batch limit on metrics per call (params: 100)
+PARAM_BATCH = 100
+SUMMARY_METRICS = ("samples_per_s", "tokens_per_s", "step_time_ms", "peak_mem_bytes",
+                   "final_loss", "first_loss", "mfu", "achieved_tflops", "skipped_steps",
+                   "loss_scale_final", "flops_per_step", "param_count", "peak_flops")
+_STATUS = {FINISHED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED", OOM: "FAILED",
+           "diverged": "FAILED"}
+
+
+class MlflowMissing(RuntimeError):
+    """The mlflow package is not installed here."""
+
+
+def mlflow_problem() -> str | None:
+    """Why an MLflow export cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        return "MLflow is not installed: pip install -r requirements-export.txt"
+    return None
+
+
+def export_to_mlflow(store: Store, run_id: str, tracking_uri: str,
+                     experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """Export one run; the MLflow run id. The run must have ended."""
+    problem = mlflow_problem()
+    if problem:
+        raise MlflowMissing(problem)
+    if tracking_uri.startswith("file:"):
+        # MLflow 3 keeps its file store in maintenance mode and refuses it unless asked;
+        # a file: URI given here is that request (no server, no database needed).
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.entities import Metric, Param, RunTag  # optional extra
+    from mlflow.tracking import MlflowClient
+
+    run = store.get_run(run_id)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    started_ms = int((run.started_at or run.created_at) * 1000)
+    mlflow_run = client.create_run(experiment_id, start_time=started_ms, run_name=run.config.label,
+                                   tags=_tags(run))
+    mlflow_id = mlflow_run.info.run_id
+    try:
+        params = [Param(key, value) for key, value in _params(run)]
+        for start in range(0, len(params), PARAM_BATCH):
+            client.log_batch(mlflow_id, params=params[start:start + PARAM_BATCH])
+        metrics = [Metric(key, value, timestamp, step)
+                   for key, value, timestamp, step in _metric_points(store, run)]
+        for start in range(0, len(metrics), BATCH):
+            client.log_batch(mlflow_id, metrics=metrics[start:start + BATCH])
+        if run.note:
+            client.log_batch(mlflow_id, tags=[RunTag("mlflow.note.content", run.note)])
+        _log_artifacts(client, mlflow_id, store, run)
+    except BaseException:
+        # A half-exported run must not look like a live one in MLflow.
+        client.set_terminated(mlflow_id, status="FAILED")
+        raise
+    ended_ms = int((run.ended_at or run.started_at or run.created_at) * 1000)
+    client.set_terminated(mlflow_id, status=_STATUS.get(run.status, "FAILED"), end_time=ended_ms)
+    return mlflow_id
+
+
+def _tags(run: RunRecord) -> dict[str, str]:
+    tags = {f"precision_lab.tag.{k}": v for k, v in run.tags.items()}
+    tags.update({"precision_lab.run_id": run.id, "precision_lab.status": run.status,
+                 "precision_lab.device": run.device_key,
+                 "precision_lab.device_name": run.device_name or ""})
+    if run.reason:
+        tags["precision_lab.reason"] = run.reason[:5000]
+    return tags
+
+
+def _params(run: RunRecord) -> Iterable[tuple[str, str]]:
+    for key, value in sorted(run.config.to_dict().items()):
+        yield key, str(value)[:500]
+    yield "device_key", run.device_key  # where it ran; config's `device` is what was asked
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _metric_points(store: Store, run: RunRecord) -> Iterable[tuple[str, float, int, int]]:
+    """(key, value, timestamp ms, step) of every finite value worth a chart."""
+    frame = metrics_frame(store, run.id)
+    start_s = run.started_at or run.created_at
+    for row in frame.itertuples(index=False):
+        record = row._asdict()
+        step = int(record["step"])
+        wall = _finite(record.get("wall_time_s")) or 0.0
+        timestamp = int((start_s + wall) * 1000)
+        for key, value in record.items():
+            value = _finite(value)
+            if key not in ("step", "phase") and value is not None:
+                yield key, value, timestamp, step
+    telemetry = store.read_telemetry(run.id, max_points=None)
+    for index, row in enumerate(telemetry.itertuples(index=False)):
+        record = row._asdict()
+        timestamp = int((_finite(record.get("t_s")) or start_s) * 1000)
+        prefix = "system/" if not record.get("rank") else f"system/rank{record['rank']}/"
+        for key, value in record.items():
+            value = _finite(value)
+            if key not in ("t_s", "rank", "throttle_reasons") and value is not None:
+                yield prefix + key, value, timestamp, index
+    ended_ms = int((run.ended_at or start_s) * 1000)
+    for key in SUMMARY_METRICS:
+        value = _finite(run.summary.get(key))
+        if value is not None:
+            yield f"summary/{key}", value, ended_ms, 0
+
+
+def _log_artifacts(client, mlflow_id: str, store: Store, run: RunRecord) -> None:
+    run_dir = store.run_dir(run.id)
+    for name in (TRACE_FILENAME, ONEDNN_LOG_FILENAME, NUMERICS_FILENAME, WORKER_LOG):
+        if (run_dir / name).is_file():
+            client.log_artifact(mlflow_id, str(run_dir / name))
+    from engine.report.html import build_html  # plotly: only the report needs it
+
+    with tempfile.TemporaryDirectory(prefix="precision-lab-mlflow-") as tmp:
+        report = Path(tmp) / "report.html"
+        report.write_text(build_html(store, [run.id]), encoding="utf-8")
+        client.log_artifact(mlflow_id, str(report))
