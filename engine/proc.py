@@ -9,6 +9,7 @@ all use these; none of them may import torch for it.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import psutil
@@ -63,6 +64,50 @@ def memory_cap(cap_mb: int):
         resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
 
     return apply
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies, and exit at once if
+    the parent is already gone (it died between our fork and this call).
+
+    Called in a child right after fork (a trainer's preexec_fn, the standby's forked
+    trainer): a trainer must never outlive the process that answers for its run. The
+    setting survives exec; it is cleared only by a setuid exec, which never happens here.
+    """
+    try:
+        import ctypes  # only in the child, between fork and exec
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: reconcile still kills
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def child_setup(parent_pid: int, cap_mb: int = 0):
+    """A preexec_fn for a trainer: die with `parent_pid`, and the memory cap if any."""
+    cap = memory_cap(cap_mb)
+
+    def apply() -> None:  # runs in the child between fork and exec
+        die_with_parent(parent_pid)
+        if cap is not None:
+            cap()
+
+    return apply
+
+
+def kill_if_ours(pid: int | None, create_time: float | None) -> bool:
+    """SIGKILL `pid` when it is still the process we recorded (same create time)."""
+    if not pid or create_time is None or not is_alive(pid, create_time):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -23,6 +23,7 @@ from engine.proc import (
     child_env,
     group_alive,
     is_alive,
+    kill_if_ours,
     process_create_time,
     signal_group,
 )
@@ -72,6 +73,9 @@ def reconcile(store: Store) -> list[str]:
                          f"(at step {run.steps_completed}); see worker.log")
             if store.set_status(run.id, FAILED, reason):
                 failed.append(run.id)
+            # Its trainer dies with the supervisor (PR_SET_PDEATHSIG); should one survive
+            # anyway (another OS, a race), it is ended here: it trains for a failed run.
+            kill_if_ours(run.train_pid, run.train_pid_create_time)
             if run.config.nprocs > 1:  # ranks live in their own sessions: end them too
                 _signal_run(store, run, signal.SIGKILL)
     return failed

@@ -15,6 +15,7 @@ to torchrun, a Ray task sends it to the store actor. Nothing here knows which.
 
 from __future__ import annotations
 
+import secrets
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -54,9 +55,10 @@ class SummarySink(Protocol):
 class MetricBuffer:
     """Collects metric rows; writes them in one transaction at most every 0.5 s."""
 
-    def __init__(self, store: Store, run_id: str):
+    def __init__(self, store: Store, run_id: str, token: str | None = None):
         self.store = store
         self.run_id = run_id
+        self.token = token  # the trainer's claim on the run (store.claim_trainer)
         self.rows: list[dict] = []
         self.last_flush_s = time.monotonic()
         self.conn = store.open_connection()  # kept: a fresh one per flush costs ~7 ms
@@ -68,7 +70,7 @@ class MetricBuffer:
 
     def flush(self) -> None:
         if self.rows:
-            self.store.write_metrics(self.run_id, self.rows, conn=self.conn)
+            self.store.write_metrics(self.run_id, self.rows, conn=self.conn, token=self.token)
             self.rows = []
         self.last_flush_s = time.monotonic()
 
@@ -240,8 +242,15 @@ def run_trainer(run_id: str, store: Store) -> int:
         return 1
     from engine.run.window import window_handler  # analysis of the profiler window
 
+    token = secrets.token_hex(8)
+    if not store.claim_trainer(run_id, token):
+        # Another trainer has this run (a standby that stalled past its hand-off resumed
+        # after the supervisor started a fresh trainer): training too would mix two runs.
+        print(f"[trainer] run {run_id}: already claimed by another trainer; not training",
+              flush=True)
+        return 0
     cfg = run.config
-    buffer = MetricBuffer(store, run_id)
+    buffer = MetricBuffer(store, run_id, token)
     print(f"[trainer] run {run_id}: {cfg.to_json()} on {run.device_key}", flush=True)
     spec = SessionSpec(
         run_id=run_id, cfg=cfg, device_key=run.device_key, sink=store, emit=buffer,
@@ -249,6 +258,9 @@ def run_trainer(run_id: str, store: Store) -> int:
         should_stop=lambda: stop.requested, run_dir=store.run_dir(run_id),
         on_window=window_handler(store, run_id, run.device_key))
     outcome = run_session(spec, close_metrics=buffer.close)
+    if not store.holds_claim(run_id, token):  # lost it meanwhile: the run is not ours to end
+        print(f"[trainer] run {run_id}: no longer this trainer's; not recording", flush=True)
+        return 0
     finish(store, run_id, outcome)
     steps = outcome.summary.get("steps_completed", store.get_run(run_id).steps_completed)
     print(f"[trainer] run {run_id}: {outcome.status} after {steps} steps", flush=True)

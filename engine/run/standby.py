@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.proc import PROJECT_ROOT, child_env
+from engine.proc import PROJECT_ROOT, child_env, die_with_parent
 from engine.schema import STANDBY_LOG, WORKER_LOG
 from engine.store import Store, validate_run_id
 
@@ -304,8 +304,12 @@ def _accept_request(conn: socket.socket, listener: socket.socket) -> str | None:
 
 
 def _run_forked(conn: socket.socket, run_id: str, home: Path) -> int:
+    standby_pid = os.getpid()
     pid = os.fork()
     if pid == 0:  # the trainer: the supervisor's connection belongs to the standby alone
+        # Dies with the standby: a SIGKILLed standby must not leave its trainer behind
+        # (the standby itself kills the trainer when the supervisor goes away).
+        die_with_parent(standby_pid)
         conn.close()
         os._exit(_child_main(run_id, home))
     print(f"[standby {os.getpid()}] run {run_id}: trainer pid {pid}", flush=True)

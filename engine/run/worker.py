@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from engine.proc import memory_cap, process_create_time
+from engine.proc import child_setup, memory_cap, process_create_time
 from engine.run import standby
 from engine.run.launcher import reconcile
 from engine.run.session import StopFlag
@@ -60,7 +60,8 @@ def supervise(run_id: str, store: Store) -> int:
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
     child = _start_trainer(run_id, run, store)
-    store.update_run(run_id, train_pid=child.pid)
+    store.update_run(run_id, train_pid=child.pid,
+                     train_pid_create_time=process_create_time(child.pid))
     return_code = _wait_child(child, stop)
     _record_exit(store, run_id, return_code, stop.requested)
     _replace_standby(store)
@@ -80,8 +81,10 @@ def _start_trainer(run_id: str, run, store: Store):
             print(f"[supervisor] run {run_id}: trainer pid {trainer.pid} from the standby",
                   flush=True)
             return trainer
+    # The trainer dies with this supervisor (a SIGKILLed supervisor must not leave it
+    # training into a run that reconcile marks failed).
     return subprocess.Popen([sys.executable, "-m", "engine.run.worker", "--train", run_id],
-                            preexec_fn=memory_cap(cap_mb))
+                            preexec_fn=child_setup(os.getpid(), cap_mb))
 
 
 def _replace_standby(store: Store) -> None:

@@ -30,7 +30,7 @@ from engine.store.db import (
     validate_run_id,
 )
 from engine.store.manage import ManageMixin, RunActive
-from engine.store.queue import QueueMixin
+from engine.store.queue import ClaimLost, QueueMixin
 from engine.store.series import SeriesMixin
 from engine.store.sweeps import SweepNotFound, SweepRecord, SweepsMixin
 
@@ -39,6 +39,6 @@ class Store(ManageMixin, QueueMixin, SeriesMixin, SweepsMixin, StoreCore):
     """The data directory and its database; see the module docstring."""
 
 
-__all__ = ["DB_FILENAME", "DEFAULT_HOME", "HOME_ENV", "RunActive", "RunNotFound", "RunRecord", "Store",
+__all__ = ["ClaimLost", "DB_FILENAME", "DEFAULT_HOME", "HOME_ENV", "RunActive", "RunNotFound", "RunRecord", "Store",
            "StoreError", "SweepNotFound", "SweepRecord", "default_home", "new_run_id",
            "validate_run_id"]

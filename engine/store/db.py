@@ -83,6 +83,7 @@ class RunRecord:
     """Why the stored config does not parse (written by another version, edited by hand);
     `config` is then RunConfig() defaults for display only and the run is never trained
     (the worker ends it as failed with this reason)."""
+    train_pid_create_time: float | None = None
     archived: bool = False  # hidden from the run lists unless asked for
     tags: dict[str, str] = field(default_factory=dict)
     note: str = ""
@@ -222,7 +223,8 @@ class StoreCore:
             rows = conn.execute(sql, (*params, limit)).fetchall()
         return [_record(row) for row in rows]
 
-    _UPDATABLE = frozenset({"pid", "pid_create_time", "train_pid", "device_name",
+    _UPDATABLE = frozenset({"pid", "pid_create_time", "train_pid", "train_pid_create_time",
+                            "device_name",
                             "started_at", "ended_at", "steps_completed"})
 
     def update_run(self, run_id: str, **fields: Any) -> None:
@@ -311,7 +313,7 @@ def _record(row: sqlite3.Row) -> RunRecord:
         pid=row["pid"], pid_create_time=row["pid_create_time"], train_pid=row["train_pid"],
         steps_completed=row["steps_completed"], total_steps=row["total_steps"],
         summary=json.loads(row["summary_json"] or "{}"), config_error=config_error,
-        archived=bool(row["archived"]), tags=_tags(row["tags_json"]), note=row["note"] or "")
+        train_pid_create_time=row["train_pid_create_time"], archived=bool(row["archived"]), tags=_tags(row["tags_json"]), note=row["note"] or "")
 
 
 def _tags(text: str | None) -> dict[str, str]:

@@ -136,9 +136,14 @@ def _add_telemetry_rank(conn: sqlite3.Connection) -> None:
 # == end of telemetry ranks ==============================================================
 
 
-# What a user adds to a run after launch: archived flag, tags, a note. Databases written
-# before these existed gain the columns (defaults: not archived, no tags, no note).
+# Columns added after the first schema: the trainer's create time, and what a user adds to
+# a run after launch (archived flag, tags, a note). Older databases gain them on open.
 RUN_ANNOTATION_COLUMNS = (
+    # The trainer's start time: reconcile kills a trainer still alive for a failed run,
+    # and only the process it recorded (pid reuse).
+    ("train_pid_create_time", "REAL"),
+    # The one trainer that may write the run's rows: claimed once, before its first step.
+    ("trainer_token", "TEXT"),
     ("archived", "INTEGER NOT NULL DEFAULT 0"),
     ("tags_json", "TEXT NOT NULL DEFAULT '{}'"),
     ("note", "TEXT NOT NULL DEFAULT ''"),

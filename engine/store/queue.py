@@ -16,8 +16,31 @@ import time
 from engine.schema import QUEUED, RUNNING
 
 
+class ClaimLost(RuntimeError):
+    """Another trainer holds this run: this one must not write its rows or its status."""
+
+    def __init__(self, run_id: str):
+        super().__init__(f"run {run_id} is claimed by another trainer; this one stops "
+                         "without writing")
+        self.run_id = run_id
+
+
 class QueueMixin:
     """Store methods of the device queue (mixed into engine.store.Store)."""
+
+    def claim_trainer(self, run_id: str, token: str) -> bool:
+        """Make `token` the run's one trainer; False when the run is not running or another
+        trainer claimed it first (e.g. a stalled standby resuming after the supervisor
+        had already started a fresh trainer)."""
+        with self.connect() as conn:
+            cursor = conn.execute("UPDATE runs SET trainer_token = ? WHERE id = ? AND status = ?"
+                                  " AND trainer_token IS NULL", (token, run_id, RUNNING))
+            return cursor.rowcount == 1
+
+    def holds_claim(self, run_id: str, token: str) -> bool:
+        with self.connect() as conn:
+            row = conn.execute("SELECT trainer_token FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return row is not None and row[0] == token
 
     def claim_device(self, run_id: str) -> bool:
         """Start `run_id` if it is the oldest queued run of its device and the device is free.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from engine.schema import KERNEL_COLUMNS, METRIC_COLUMNS, TELEMETRY_COLUMNS
 from engine.store.db import _sql_value
+from engine.store.queue import ClaimLost
 
 if TYPE_CHECKING:  # pandas is imported where frames are built: the supervisor never needs it
     import pandas as pd
@@ -22,8 +23,13 @@ class SeriesMixin:
     """Store methods of the per-step tables (mixed into engine.store.Store)."""
 
     def write_metrics(self, run_id: str, rows: list[dict[str, Any]],
-                      conn: sqlite3.Connection | None = None) -> None:
-        """Insert metric rows and advance steps_completed, in one transaction."""
+                      conn: sqlite3.Connection | None = None, token: str | None = None) -> None:
+        """Insert metric rows and advance steps_completed, in one transaction.
+
+        A run whose trainer has claimed it (engine.store.queue.claim_trainer) takes rows
+        only with that trainer's `token`: a second trainer of the same run is refused
+        with ClaimLost instead of mixing its steps into the first one's.
+        """
         if not rows:
             return
         values = [(run_id, *(_sql_value(row.get(c)) for c in METRIC_COLUMNS)) for row in rows]
@@ -34,6 +40,10 @@ class SeriesMixin:
                 conn = stack.enter_context(self.connect())
             conn.execute("BEGIN IMMEDIATE")
             try:
+                held = conn.execute("SELECT trainer_token FROM runs WHERE id = ?",
+                                    (run_id,)).fetchone()
+                if held is not None and held[0] is not None and held[0] != token:
+                    raise ClaimLost(run_id)
                 conn.executemany(f"INSERT OR REPLACE INTO metrics (run_id, {','.join(METRIC_COLUMNS)})"
                                  f" VALUES ({placeholders})", values)
                 conn.execute("UPDATE runs SET steps_completed = MAX(steps_completed, ?)"
