@@ -21,7 +21,10 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value.value if isinstance(value, Enum) else value  # as the user typed it
         self.fix = fix
-        super().__init__(f"{field_name}={value!r}: {fix}")
+        shown = repr(self.value)
+        if len(shown) > 80:  # a pasted 100 kB value is not repeated in full
+            shown = f"{shown[:80]}... ({len(shown)} characters)"
+        super().__init__(f"{field_name}={shown}: {fix}")
 
 
 class Choice(str, Enum):

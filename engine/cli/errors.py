@@ -8,12 +8,28 @@ the field, the value and the fix.
 from __future__ import annotations
 
 import argparse
+import re
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 
 _FLAG_ALIASES = {"grad_scaler_init_scale": "--init-scale",
                  "grad_scaler_growth_interval": "--growth-interval"}
 _EXPECTED = {int: "a whole number, e.g. 2", float: "a number, e.g. 0.001"}
+# Plain ASCII numbers only: Python's int()/float() also take " 5 ", "1_0" and other
+# scripts' digits ("٣"), which a flag must not silently accept.
+_NUMBER_RE = {int: re.compile(r"[+-]?[0-9]+", re.ASCII),
+              float: re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?",
+                                re.ASCII)}
+MAX_SHOWN_CHARS = 80  # of a value repeated in an error line
+
+
+def shown(value) -> str:
+    """`value` as an error line repeats it: its repr, cut to MAX_SHOWN_CHARS (with the
+    length) so a pasted 100 kB value is not echoed in full."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
 
 
 class UsageError(Exception):
@@ -33,10 +49,13 @@ def flag_for(field_name: str) -> str:
 def typed(kind: type, flag: str):
     """An argparse `type=` that names the flag and what was expected when it fails."""
     def convert(text: str):
+        pattern = _NUMBER_RE.get(kind)
         try:
+            if pattern is not None and not pattern.fullmatch(text):
+                raise ValueError(text)
             return kind(text)
         except ValueError:
             expected = _EXPECTED.get(kind, f"a {kind.__name__}")
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {expected}") from None
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text)}: expected {expected}") from None
     convert.__name__ = kind.__name__
     return convert

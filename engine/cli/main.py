@@ -15,6 +15,14 @@ from engine.cli import hardware, kernels, manage, report, runs, sweep
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, Parser, UsageError
 from engine.store import RunNotFound, StoreError
 
+MAX_ERROR_CHARS = 400
+
+
+def _one_line(text: str) -> str:
+    """An error as one line of bounded length (a 100 kB value is not repeated in full)."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "... (cut)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m engine",
@@ -31,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return args.func(args)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except RunNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)

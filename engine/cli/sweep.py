@@ -12,7 +12,7 @@ import math
 import sys
 import time
 
-from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError
+from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cluster.ray_env import RAY_ADDRESS_ENV, RayOptions, default_ray_address
 from engine.cluster.sweep import (
     MATRIX_METRICS,
@@ -112,23 +112,18 @@ def _add_metric(parser) -> None:
 
 
 def _int(flag: str):
-    def convert(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected a whole number") from None
-    convert.__name__ = "int"
-    return convert
+    return typed(int, flag)
 
 
-def _float(flag: str):
+def _float(flag: str, low: float = 0.0):
+    """Seconds: a plain finite number >= `low`."""
+    parse = typed(float, flag)
+
     def convert(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected a number of seconds")
+        value = parse(text)
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text)}: expected seconds >= "
+                                             f"{low:g}, e.g. 60")
         return value
     convert.__name__ = "float"
     return convert
@@ -136,7 +131,7 @@ def _float(flag: str):
 
 def _usage(exc: ConfigError) -> UsageError:
     flag = _FLAGS.get(exc.field, "--" + exc.field.replace("_", "-"))
-    return UsageError(f"{flag} {exc.value!r}: {exc.fix}")
+    return UsageError(f"{flag} {shown(exc.value)}: {exc.fix}")
 
 
 # ---------------------------------------------------------------------------------------

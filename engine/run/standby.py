@@ -41,6 +41,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,9 @@ def ensure(store: Store) -> int | None:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=str(PROJECT_ROOT), env=child_env(store.home),
             start_new_session=True, close_fds=True)
+    # A long-lived parent (the Streamlit server) must wait for its standby when it exits,
+    # or the finished standby stays a zombie under the server: a thread does the wait.
+    threading.Thread(target=proc.wait, name=f"reap-standby-{proc.pid}", daemon=True).start()
     return proc.pid
 
 
