@@ -29,6 +29,27 @@ def child_env(home: Path) -> dict[str, str]:
     return env
 
 
+PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600
+
+
+def make_private(path: Path, mode: int = PRIVATE_FILE_MODE) -> None:
+    """Owner-only permissions on a file or folder of ours (runs, logs, traces, the store
+    are one user's business); an existing one made by an older version is fixed too."""
+    try:
+        info = path.stat()
+        if (info.st_mode & 0o777) != mode and info.st_uid == os.getuid():
+            os.chmod(path, mode)
+    except OSError:  # gone, or not ours to change: nothing to fix
+        pass
+
+
+def open_private_log(path: Path):
+    """A log file opened for appending, created owner-only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE_MODE)
+    make_private(path)
+    return os.fdopen(fd, "ab")
+
+
 def process_create_time(pid: int) -> float | None:
     """When `pid` started (psutil's clock), or None when it is gone or not visible."""
     try:

@@ -53,6 +53,7 @@ KERNEL_COLUMNS = (
 HOME_ENV = "PRECISION_LAB_HOME"  # where the store lives; default ./.precision_lab
 
 # -- files of a run directory (runs/<id>/) and of the data directory ---------------------
+RUNS_DIRNAME = "runs"                      # <data dir>/runs/<run id>/
 WORKER_LOG = "worker.log"                  # supervisor + trainer output; Live shows its tail
 TRACE_FILENAME = "trace.json.gz"           # the profiler window's trace (Perfetto-loadable)
 ONEDNN_LOG_FILENAME = "onednn_verbose.log"  # CPU runs: oneDNN's primitive log of the window

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError, RunConfig
-from engine.run.session import Outcome, finish
+from engine.run.session import Outcome, finish, run_relative_path
 from engine.schema import (
     FAILED,
     NUMERICS_FILENAME,
@@ -90,7 +90,7 @@ class StoreWriter:
         tmp.write_bytes(data)
         tmp.replace(path)  # readers never see half a trace
         if name == TRACE_FILENAME:
-            self.store.merge_summary(run_id, {"trace_path": str(path)})
+            self.store.merge_summary(run_id, {"trace_path": run_relative_path(run_id, path)})
 
     def finish(self, run_id: str, status: str, reason: str | None) -> bool:
         """The run's last word, as a local run's (engine.run.session.finish)."""

@@ -20,6 +20,7 @@ from typing import Any
 from engine.config import ModelName, Precision, RunConfig
 from engine.hardware.devices import EMULATED, UNSUPPORTED, DeviceInfo, mode_support
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
+from engine.proc import make_private
 from engine.store import default_home
 
 COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -144,6 +145,7 @@ def _write_cache_entry(key: str, entry: dict[str, Any]) -> None:
         data[key] = entry
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        make_private(tmp)  # the data directory's files are owner-only
         os.replace(tmp, path)  # atomic: concurrent workers never read a torn file
     except OSError:
         pass  # a read-only data dir only costs a re-measurement next time

@@ -24,6 +24,7 @@ from engine.proc import (
     group_alive,
     is_alive,
     kill_if_ours,
+    open_private_log,
     process_create_time,
     signal_group,
 )
@@ -46,7 +47,7 @@ def launch(config: RunConfig, store: Store | None = None) -> str:
 
 def start_worker(run_id: str, store: Store) -> int:
     log_path = store.run_dir(run_id) / WORKER_LOG
-    with open(log_path, "ab") as log:
+    with open_private_log(log_path) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.run.worker", run_id],  # an argument list: no shell
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from engine.config import RunConfig
 from engine.hardware.devices import get_device
 from engine.hardware.peaks import fp8_advice, peak_for
-from engine.schema import DIVERGED, FAILED, FINISHED, OOM, RUNNING, STOPPED, plausible_mfu
+from engine.schema import (
+    DIVERGED,
+    FAILED,
+    FINISHED,
+    OOM,
+    RUNNING,
+    RUNS_DIRNAME,
+    STOPPED,
+    plausible_mfu,
+)
 from engine.store import Store
 
 if TYPE_CHECKING:  # the type only; the session imports torch when it trains
@@ -146,8 +155,17 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
             summary["parallel"] = spec.parallel.describe()
         if not spec.keep_trace_path:
             summary.pop("trace_path", None)  # the store actor records where the trace landed
+        elif summary.get("trace_path"):
+            # Relative to the data directory: an exported summary or report must not carry
+            # this machine's absolute paths.
+            summary["trace_path"] = run_relative_path(spec.run_id, summary["trace_path"])
         spec.sink.merge_summary(spec.run_id, summary)
     return Outcome(STOPPED if result.status == "stopped" else FINISHED, result.reason, summary)
+
+
+def run_relative_path(run_id: str, path: str | Path) -> str:
+    """runs/<id>/<file name>: where a run's file is, relative to the data directory."""
+    return f"{RUNS_DIRNAME}/{run_id}/{Path(path).name}"
 
 
 def result_summary(result, peak_flops: float | None) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.proc import PROJECT_ROOT, child_env, die_with_parent
+from engine.proc import PROJECT_ROOT, child_env, die_with_parent, open_private_log
 from engine.schema import STANDBY_LOG, WORKER_LOG
 from engine.store import Store, validate_run_id
 
@@ -178,7 +178,7 @@ def ensure(store: Store) -> int | None:
         return existing
 
     log_path = store.home / STANDBY_LOG
-    with open(log_path, "ab") as log:
+    with open_private_log(log_path) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.run.standby", "--home", str(store.home)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -17,18 +17,24 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from engine.config import RunConfig
+from engine.proc import PRIVATE_DIR_MODE, make_private
 from engine.schema import (
     ACTIVE_STATUSES,
     FINAL_STATUSES,
     HOME_ENV,
+    PEAKS_CACHE_FILENAME,
     QUEUED,
     RUNNING,
+    RUNS_DIRNAME,
+    STANDBY_LOG,
     STATUSES,
     RunSummary,
 )
 from engine.store.migrations import SCHEMA_VERSION, NewerSchema, migrate
 
 DB_FILENAME = "precision_lab.sqlite3"
+# Files of the data directory besides the database that hold a user's data.
+PRIVATE_FILES = (STANDBY_LOG, PEAKS_CACHE_FILENAME)
 DEFAULT_HOME = ".precision_lab"
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -125,15 +131,24 @@ class StoreCore:
     def _ensure_home(self) -> None:
         try:
             # 0o700: runs, logs and traces of one user are not everyone's business.
-            self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.home.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            self.runs_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         except OSError as exc:
             raise StoreError(f"{HOME_ENV}={str(self.home)!r}: cannot create the data directory "
                              f"({exc.strerror}); point {HOME_ENV} at a writable folder") from exc
+        # Made by an older version (755 / 644): fixed on open.
+        make_private(self.home, PRIVATE_DIR_MODE)
+        make_private(self.runs_dir, PRIVATE_DIR_MODE)
+        for name in PRIVATE_FILES:
+            make_private(self.home / name)
 
     def _migrate(self) -> None:
         try:
             with self.connect() as conn:
                 migrate(conn)
+            # SQLite gives its -wal and -shm files the database file's permissions.
+            for suffix in ("", "-wal", "-shm"):
+                make_private(Path(f"{self.db_path}{suffix}"))
         except NewerSchema as exc:
             raise StoreError(f"{self.db_path}: written by a newer Precision Lab (schema "
                              f"{exc.version} > {SCHEMA_VERSION}); upgrade this copy") from None
@@ -144,7 +159,7 @@ class StoreCore:
 
     @property
     def runs_dir(self) -> Path:
-        return self.home / "runs"
+        return self.home / RUNS_DIRNAME
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / validate_run_id(run_id)
@@ -199,7 +214,7 @@ class StoreCore:
                 " device_name, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, seq, time.time(), QUEUED, config.to_json(), device_key, device_name,
                  config.steps))
-        self.run_dir(run_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.run_dir(run_id).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         return run_id
 
     def get_run(self, run_id: str) -> RunRecord:
