@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from engine.hardware.check import CheckFailed, run_check_subprocess
-from pages.ui import cached_devices, ensure_app_shell, fmt_bytes
+from pages.ui import cached_devices, ensure_app_shell, fmt_bytes, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -92,7 +92,7 @@ def achieved_vs_peak_figure(result: dict) -> go.Figure | None:
 def show_nvml(result: dict) -> None:
     nvml = result.get("nvml")
     if not nvml:
-        st.info(f"NVML not available: {result.get('nvml_reason') or 'unknown reason'}")
+        st.info(f"NVML not available: {plain(result.get('nvml_reason') or 'unknown reason')}")
         return
     clocks = nvml.get("clocks_mhz") or {}
     cols = st.columns(4)
@@ -123,7 +123,7 @@ def show_result(result: dict) -> None:
     cols = st.columns(4)
     for col, verdict in zip(cols, ("ok", "slow", "not supported", "skipped")):
         col.metric(VERDICT_BADGES[verdict], verdicts.count(verdict))
-    st.caption(f"{result['device']['name']} · checked in {result['elapsed_s']:.1f} s "
+    st.caption(f"{plain(result['device']['name'])} · checked in {result['elapsed_s']:.1f} s "
                f"(budget {result.get('time_budget_s', 0):.0f} s) · slow = under half the "
                "datasheet peak, or emulated, or matrix work off the Tensor Cores")
     st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch")

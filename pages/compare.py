@@ -7,8 +7,6 @@ page only picks runs, draws and launches the demo preset.
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import streamlit as st
 
@@ -31,7 +29,7 @@ from engine.report.figures import X_STEP, X_WALL, comparison_figures
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
 from pages.numerics_charts import KIND_LABELS, histogram_figure
-from pages.ui import ensure_app_shell, get_store, status_badge
+from pages.ui import ensure_app_shell, get_store, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -52,14 +50,9 @@ def demo_button(key: str) -> None:
         try:
             st.session_state[PRESET_KEY] = launch_many(numerics_demo_configs(), store)
         except ConfigError as exc:
-            st.error(f"Demo not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
+            st.error(f"Demo not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
             return
         st.rerun()
-
-
-def _md(text: str) -> str:
-    """Show text literally in markdown (reasons and labels may hold * _ $ < ...)."""
-    return re.sub(r"([\\`*_{}\[\]<>()#+!|~$-])", r"\\\1", text)
 
 
 def selection_from_url() -> None:
@@ -183,7 +176,7 @@ st.dataframe(
 
 st.subheader("Findings")
 statements = findings(table, {r.id: r for r in runs})
-st.markdown("\n".join(f"- {_md(s)}" for s in statements) or "No numbers to compare yet.")
+st.markdown("\n".join(f"- {plain(s)}" for s in statements) or "No numbers to compare yet.")
 
 st.subheader("Config differences")
 diff = config_diff({r.id: r.config for r in runs})

@@ -13,7 +13,7 @@ import streamlit as st
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
-from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, status_badge
+from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -38,9 +38,10 @@ def verdict_banner(result: dict) -> None:
     answer = verdict.get("tensor_cores", "unknown")
     headline = verdict.get("headline") or "No verdict"
     {"yes": st.success, "partly": st.warning, "no": st.error}.get(answer, st.info)(
-        f"**{headline}**")
-    if verdict.get("evidence"):
-        st.markdown("Evidence: " + ", ".join(f"`{name}`" for name in verdict["evidence"][:5]))
+        f"**{plain(headline)}**")
+    if verdict.get("evidence"):  # kernel names from the trace: shown as text
+        st.caption("Evidence kernels:")
+        st.code("\n".join(str(name) for name in verdict["evidence"][:5]), language=None)
 
 
 def category_chart(result: dict) -> None:
@@ -82,7 +83,7 @@ def gpu_report(result: dict) -> None:
 def cpu_report(evidence: dict) -> None:
     show = {"native": st.success, "neutral": st.info}.get(verdict_tone(evidence["verdict"]),
                                                            st.warning)
-    show(f"**CPU matrix unit: {evidence['headline']}**")
+    show(f"**CPU matrix unit: {plain(evidence['headline'])}**")
     st.caption("CPU runs have no GPU kernels; the CPU's evidence is which oneDNN implementation "
                "(and so which ISA) ran each matrix primitive during the profiler window.")
     primitives = evidence.get("primitives") or []
@@ -110,7 +111,7 @@ if source == "Upload a trace file":
 
             gpu_report(analyze_trace(handle.name))
         except (ValueError, OSError) as exc:
-            st.error(f"Cannot read {upload.name}: {exc}")
+            st.error(f"Cannot read {plain(upload.name)}: {plain(exc)}")
         finally:
             Path(handle.name).unlink(missing_ok=True)
     st.stop()
@@ -139,12 +140,12 @@ except RunNotFound:
     st.stop()
 
 if run.summary.get("profile_error"):
-    st.error(f"Profiler: {run.summary['profile_error']}")
+    st.error(f"Profiler: {plain(run.summary['profile_error'])}")
 if run.summary.get("gpm_tensor_util_pct") is not None:
     st.metric("Tensor-pipe activity (NVML GPM counter)",
               f"{run.summary['gpm_tensor_util_pct']:.1f} %", help=run.summary.get("gpm_note"))
 elif run.summary.get("gpm_note"):
-    st.caption(f"Counter-based confirmation (NVML GPM): {run.summary['gpm_note']}")
+    st.caption(f"Counter-based confirmation (NVML GPM): {plain(run.summary['gpm_note'])}")
 trace_path = store.run_dir(run.id) / TRACE_FILENAME
 if run.device_key.startswith("cuda") and trace_path.exists():
     gpu_report(analyze(str(trace_path), trace_path.stat().st_mtime_ns))

@@ -31,6 +31,7 @@ from pages.ui import (
     ensure_app_shell,
     get_store,
     open_in_live,
+    plain,
 )
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -182,11 +183,11 @@ if precision == Precision.FP8.value:
     if advice:
         st.warning(f"fp8 may not pay here: {advice}")
 if chosen.status == UNSUPPORTED:
-    st.error(f"**{precision}** cannot run on {device.name}: {chosen.reason}")
+    st.error(f"**{precision}** cannot run on {plain(device.name)}: {plain(chosen.reason)}")
 elif chosen.status != "native":
-    st.warning(f"**{precision}** on {device.name} is {chosen.status}: {chosen.reason}")
+    st.warning(f"**{precision}** on {plain(device.name)} is {chosen.status}: {plain(chosen.reason)}")
 else:
-    st.info(f"**{precision}** on {device.name}: {chosen.reason}")
+    st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen.reason)}")
 
 
 def build_config(precision_value: str) -> RunConfig:
@@ -210,7 +211,7 @@ def parallel_problem() -> ConfigError | None:
     try:
         warnings = check_parallel(build_config(precision), device, usable_gpus, os.cpu_count())
     except ConfigError as exc:
-        st.error(f"**{exc.field}** = `{exc.value}`: {exc.fix}")
+        st.error(f"**{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
         return exc
     for warning in warnings:
         st.caption(warning)
@@ -225,10 +226,10 @@ def launch_all(precisions: tuple[str, ...]) -> list[str]:
     try:
         return launch_many([build_config(p) for p in precisions], store)
     except ConfigError as exc:
-        st.error(f"Not launched. **{exc.field}** = `{exc.value}`: {exc.fix}")
+        st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
         return []
     except StoreError as exc:
-        st.error(f"Not launched: {exc}")
+        st.error(f"Not launched: {plain(exc)}")
         return []
 
 

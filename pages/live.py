@@ -25,6 +25,7 @@ from pages.ui import (
     fmt_duration,
     fmt_num,
     get_store,
+    plain,
     relaunch,
     status_badge,
 )
@@ -58,8 +59,8 @@ st.query_params["run"] = selected  # shareable URL for this run
 run = store.get_run(selected)
 cfg = run.config
 st.caption(f"{cfg.model}-{cfg.size} · {cfg.precision} · batch {cfg.batch_size} · "
-           f"{cfg.steps} steps · lr {cfg.lr:g} · {cfg.optimizer} · device {run.device_key} "
-           f"({run.device_name or 'unknown'}) · seed {cfg.seed}"
+           f"{cfg.steps} steps · lr {cfg.lr:g} · {cfg.optimizer} · device {plain(run.device_key)} "
+           f"({plain(run.device_name or 'unknown')}) · seed {cfg.seed}"
            + (f" · {cfg.nprocs} processes ({cfg.sharding}, comm hook {cfg.comm_hook})"
               if cfg.nprocs > 1 else ""))
 
@@ -121,14 +122,14 @@ def progress_block(run, frame: pd.DataFrame) -> None:
 def status_block(run) -> None:
     if run.status == "queued":
         position = store.queue_position(run.id)
-        st.info(f"{status_badge('queued')}: waiting for {run.device_key} (position {position}); "
+        st.info(f"{status_badge('queued')}: waiting for {plain(run.device_key)} (position {position}); "
                 "one run per device at a time keeps throughput numbers honest.")
     elif run.status == "running":
-        st.success(f"{status_badge('running')} on {run.device_key}")
+        st.success(f"{status_badge('running')} on {plain(run.device_key)}")
     elif run.status == "finished":
-        st.success(f"{status_badge('finished')}" + (f": {run.reason}" if run.reason else ""))
+        st.success(f"{status_badge('finished')}" + (f": {plain(run.reason)}" if run.reason else ""))
     else:
-        st.error(f"{status_badge(run.status)}: {run.reason or 'no reason recorded'}")
+        st.error(f"{status_badge(run.status)}: {plain(run.reason or 'no reason recorded')}")
 
 
 def headline_metrics(run, frame: pd.DataFrame) -> None:
@@ -157,19 +158,19 @@ def matrix_unit_badge(run) -> None:
     """After the profiler window: did the matrix work run on the matrix unit?"""
     summary = run.summary
     if summary.get("profile_error"):
-        st.error(f"Profiler: {summary['profile_error']}")
+        st.error(f"Profiler: {plain(summary['profile_error'])}")
     verdict = (summary.get("kernels") or {}).get("verdict")
     if verdict:
         icon = {"yes": "🟢", "partly": "🟡", "no": "🔴"}.get(verdict.get("tensor_cores"), "⚪")
-        st.markdown(f"{icon} **{verdict.get('headline', '')}**")
+        st.markdown(f"{icon} **{plain(verdict.get('headline', ''))}**")
         if verdict.get("evidence"):
-            st.caption("Evidence: " + ", ".join(f"`{name[:80]}`" for name in verdict["evidence"][:3]))
+            st.caption("Evidence: " + ", ".join(plain(str(name)[:80]) for name in verdict["evidence"][:3]))
     cpu = summary.get("cpu_evidence")
     if cpu:
         icon = {"native": "🟢", "neutral": "⚪"}.get(verdict_tone(cpu["verdict"]), "🟡")
-        st.markdown(f"{icon} **CPU matrix unit:** {cpu['headline']}")
+        st.markdown(f"{icon} **CPU matrix unit:** {plain(cpu['headline'])}")
         if cpu.get("evidence"):
-            st.caption("oneDNN evidence: " + ", ".join(f"`{e}`" for e in cpu["evidence"][:4]))
+            st.caption("oneDNN evidence: " + ", ".join(plain(e) for e in cpu["evidence"][:4]))
     if verdict or cpu:
         st.page_link("pages/kernels.py", label="Kernel breakdown", icon=":material/memory:")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.ui import MODE_ICONS, SHELL_KEY, cached_devices, fmt_bytes
+from pages.ui import MODE_ICONS, SHELL_KEY, cached_devices, fmt_bytes, plain
 
 PAGES = [
     ("pages/launch.py", "Launch", ":material/rocket_launch:"),
@@ -46,7 +46,7 @@ def device_card() -> None:
                        "runs use the CPU; GPU-only modes are marked unsupported.")
         for dev in (gpus or []) + [d for d in devices if d.kind == "cpu"]:
             memory = fmt_bytes(dev.memory_bytes) if dev.memory_bytes else "n/a"
-            st.markdown(f"**{dev.name}**  \n`{dev.key}` · {dev.capability} · {memory}")
+            st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
             with st.expander("What each precision mode means here", expanded=False):
                 for mode, support in dev.modes.items():
                     st.markdown(f"{MODE_ICONS[support.status]} **{mode}** "

@@ -30,7 +30,7 @@ from engine.cluster.sweep import (
 from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, choices
 from engine.run.launcher import reconcile, stop
 from engine.schema import SWEEP_RUNNING
-from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, status_badge
+from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -94,7 +94,7 @@ def grid_form() -> None:
                          profile=profile)
         sweep_id = create_sweep(grid, store, ray_address=address, ray_options=options)
     except ConfigError as exc:
-        st.error(f"Cannot create the sweep: {exc.field} = {exc.value!r}: {exc.fix}")
+        st.error(f"Cannot create the sweep: {plain(exc.field)} = {plain(repr(exc.value))}: {plain(exc.fix)}")
         return
     st.session_state[SELECTED_KEY] = sweep_id
     st.success(f"Sweep {sweep_id} created with {count} runs.")
@@ -115,9 +115,9 @@ def ray_settings() -> tuple[str, RayOptions | None, bool]:
         return address, None, False
     problem = cached_ray_problem(address)
     if problem:
-        st.error(f"The Ray cluster cannot be used: {problem}. Sweeps on this machine still work.")
+        st.error(f"The Ray cluster cannot be used: {plain(problem)}. Sweeps on this machine still work.")
         return address, None, False
-    st.caption(f"Ray cluster at {address} is reachable; each run becomes one Ray task.")
+    st.caption(f"Ray cluster at {plain(address)} is reachable; each run becomes one Ray task.")
     return address, RayOptions(gpus_per_run=int(gpus), cpus_per_run=int(cpus)), True
 
 
@@ -160,7 +160,7 @@ def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
     where = f"Ray cluster at {sweep.ray_address}" if sweep.backend == "ray" else "this machine"
     st.markdown(f"**{view.status}** on {where} · {len(view.runs)} runs: {counts_text(view.counts)}")
     if sweep.reason:
-        st.error(f"Sweep failed: {sweep.reason}")
+        st.error(f"Sweep failed: {plain(sweep.reason)}")
     st.dataframe(runs_table(view), key="sweep_runs", hide_index=True)
     matrix = results_matrix(view, metric)
     for model in view.grid.models:

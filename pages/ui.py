@@ -7,6 +7,7 @@ read from the engine, draw, and call the engine: no training logic here.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import streamlit as st
@@ -63,6 +64,7 @@ def get_store() -> Store:
     try:
         return _cached_store(os.environ.get("PRECISION_LAB_HOME"))
     except StoreError as exc:
+        # The store's own message (a path the operator set, and the fix): ours, as written.
         st.error(f"The data store cannot be used: {exc}")
         st.stop()
         raise  # unreachable: st.stop() raises
@@ -73,6 +75,17 @@ def cached_devices():
     from engine.hardware.devices import list_devices
 
     return list_devices()
+
+
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]<>()#+!|~$-])")
+
+
+def plain(text) -> str:
+    """Any text that is not ours (kernel and device names from a trace, a run's reason, a
+    label, an exception message) made literal inside st.markdown/st.error/...: every
+    Markdown and HTML special character escaped, so `![x](http://...)` shows as text and
+    the viewer's browser fetches nothing."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", str(text))
 
 
 def status_badge(status: str) -> str:

@@ -48,7 +48,8 @@ def test_h100_run_shows_tensor_core_verdict_with_kernel_evidence(store):
     at = _kernels_page(run_id)
     banner = at.success[0].value
     assert "Tensor Cores: yes" in banner and "bf16" in banner
-    evidence = " ".join(md.value for md in at.markdown)
+    # Kernel names come from the trace: shown as text (a code block), never as Markdown.
+    evidence = " ".join([md.value for md in at.markdown] + [code.value for code in at.code])
     assert "tensorop_bf16_s16816gemm" in evidence
     top = at.dataframe[0].value
     assert top.iloc[0]["tensor_core"] == "yes"
