@@ -19,6 +19,7 @@ from typing import Any
 from engine.admission import check_runnable
 from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
+from engine.cli.standby import running_note
 from engine.config import (
     CommHook,
     ConfigError,
@@ -315,6 +316,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(f"--tag {exc.value!r}: {exc.fix}") from None
     runs = filter_runs(store.list_runs(limit=100_000), flt)
+    note = running_note(store)
+    if note:
+        print(note, file=sys.stderr)  # stderr: --json keeps stdout one JSON value
     rows = [{"run_id": r.id, "status": r.status, "model": r.config.model, "size": r.config.size,
              "precision": r.config.precision, "batch_size": r.config.batch_size,
              "steps_completed": r.steps_completed, "total_steps": r.total_steps,

@@ -55,7 +55,6 @@ def supervise(run_id: str, store: Store) -> int:
     if run.config.nprocs > 1:  # torchrun and its ranks: engine/run/torchrun.py
         supervise_distributed(run, store, stop, memory_cap(
             run.config.memory_cap_mb if run.device_key == "cpu" else 0))
-        _replace_standby(store)
         return 0
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
@@ -64,7 +63,10 @@ def supervise(run_id: str, store: Store) -> int:
                      train_pid_create_time=process_create_time(child.pid))
     return_code = _wait_child(child, stop)
     _record_exit(store, run_id, return_code, stop.requested)
-    _replace_standby(store)
+    if isinstance(child, standby.StandbyTrainer):
+        # This run used up the standby that someone started (the app does): leave its
+        # successor. A run from a terminal with no standby leaves no daemon behind.
+        _replace_standby(store)
     return 0
 
 
