@@ -56,6 +56,9 @@ def category_chart(result: dict) -> None:
 
 
 def gpu_report(result: dict) -> None:
+    if result.get("malformed_events"):
+        st.warning(f"{result['malformed_events']} malformed event(s) in this trace (a name that "
+                   "is not text, an id that is a list or an object) were left out of every sum.")
     verdict_banner(result)
     cols = st.columns(4)
     cols[0].metric("Kernel time", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
@@ -111,7 +114,9 @@ if source == "Upload a trace file":
 
             gpu_report(analyze_trace(handle.name))
         except (ValueError, OSError) as exc:
-            st.error(f"Cannot read {plain(upload.name)}: {plain(exc)}")
+            # Named by the file the user chose, not this server's temporary path.
+            message = str(exc).replace(handle.name, upload.name)
+            st.error(f"Cannot read {plain(upload.name)}: {plain(message)}")
         finally:
             Path(handle.name).unlink(missing_ok=True)
     st.stop()

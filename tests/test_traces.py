@@ -406,3 +406,43 @@ def test_hardware_judged_from_kernel_builds_when_the_trace_names_no_gpu(tmp_path
     # a volta_ build ran too, so the GPU is sm70+; cuDNN also runs maxwell_ builds there
     assert causes_for(["maxwell_scudnn_winograd_128x128_ldg1_ldg4_tile148n_nt",
                        "volta_sgemm_128x32_nt"], "v.json") == [CAUSE_FP32_NO_TF32]
+
+
+# ---------------------------------------------------------------------------------------
+# crafted traces: malformed events are counted and left out, non-traces refused in one line
+
+
+def _kernel_event(**changes):
+    event = {"ph": "X", "cat": "kernel", "name": "sm80_xmma_gemm_f16f16_tensorop", "ts": 1.0,
+             "dur": 2.0, "pid": 0, "tid": 7, "args": {"device": 0, "stream": 7, "correlation": 1}}
+    event.update(changes)
+    return event
+
+
+@pytest.mark.parametrize("bad", [
+    {"name": 12345},
+    {"args": {"device": [0], "stream": 7, "correlation": 1}},
+    {"args": {"device": 0, "stream": 7, "correlation": [1, 2]}},
+    {"pid": {"x": 1}},
+    {"cat": ["kernel"]},
+])
+def test_a_malformed_event_is_counted_and_left_out(tmp_path, bad):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [_kernel_event(**bad), _kernel_event()],
+                                "deviceProperties": [{"id": 0, "name": 5, "computeMajor": [8]}]}))
+    result = analyze_trace(path)
+    assert result["kernel_count"] == 1 and result["total_kernel_us"] == pytest.approx(2.0)
+    assert result["malformed_events"] == (0 if "cat" in bad else 1)
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[1, 2, 3]", "a JSON list that is not a list of trace events"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_a_json_document_that_is_no_trace_is_refused_with_one_line(tmp_path, content, words):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as info:
+        analyze_trace(path)
+    assert words in str(info.value) and str(path) in str(info.value)
+    assert "\n" not in str(info.value)

@@ -66,28 +66,53 @@ def _args(obj: dict) -> dict:
     return args if isinstance(args, dict) else {}
 
 
+class _Malformed(tuple):
+    """A kernel / launch / CPU-op event whose fields have the wrong shape (a name that is
+    not text, an id that is a list or an object): counted and left out of every sum."""
+
+
+_SCALAR = (int, float, str, type(None))
+
+
+def _scalars(*values: Any) -> bool:
+    return all(isinstance(value, _SCALAR) and not isinstance(value, bool) for value in values)
+
+
 def _compact_event(obj: dict) -> Any:
     """json object_hook: keep the few fields we use of kernel / launch / CPU-op events and
     drop every other event as soon as it is parsed, so memory stays bounded on big traces
-    (python_function and flow events are most of a Kineto file)."""
+    (python_function and flow events are most of a Kineto file). An event of ours with
+    fields of the wrong shape becomes a _Malformed marker instead of a crash later."""
     if "ph" not in obj and "cat" not in obj:
         return obj  # an args dict, a deviceProperties entry, or the top-level object
     category = obj.get("cat")
+    if not isinstance(category, str):
+        return None
     if category in KERNEL_EVENT_CATEGORIES:
         args = _args(obj)
-        return _Kernel((obj.get("name") or "", _number(obj.get("ts")), _number(obj.get("dur")),
-                        obj.get("pid"), obj.get("tid"), _arg(args, "correlation"),
-                        _arg(args, "External id", "external id"), _stream(args, obj.get("tid")),
-                        _arg(args, "device")))
+        name, correlation = obj.get("name") or "", _arg(args, "correlation")
+        external, device = _arg(args, "External id", "external id"), _arg(args, "device")
+        if not isinstance(name, str) or not _scalars(obj.get("pid"), obj.get("tid"), correlation,
+                                                     external, device):
+            return _Malformed(("kernel",))
+        return _Kernel((name, _number(obj.get("ts")), _number(obj.get("dur")),
+                        obj.get("pid"), obj.get("tid"), correlation, external,
+                        _stream(args, obj.get("tid")), device))
     if category in LAUNCH_EVENT_CATEGORIES:
         args = _args(obj)
-        return _Launch((_arg(args, "correlation"), _arg(args, "External id", "external id"),
-                        _number(obj.get("ts")), obj.get("pid"), obj.get("tid")))
+        correlation, external = _arg(args, "correlation"), _arg(args, "External id", "external id")
+        if not _scalars(correlation, external, obj.get("pid"), obj.get("tid")):
+            return _Malformed(("launch",))
+        return _Launch((correlation, external, _number(obj.get("ts")), obj.get("pid"),
+                        obj.get("tid")))
     if category in CPU_OP_EVENT_CATEGORIES:
         args = _args(obj)
+        name, external = obj.get("name") or "", _arg(args, "External id", "external id")
+        if not isinstance(name, str) or not _scalars(external, obj.get("pid"), obj.get("tid")):
+            return _Malformed(("cpu op",))
         ts_us = _number(obj.get("ts"))
-        return _CpuOp((obj.get("name") or "", ts_us, ts_us + _number(obj.get("dur")),
-                       obj.get("pid"), obj.get("tid"), _arg(args, "External id", "external id")))
+        return _CpuOp((name, ts_us, ts_us + _number(obj.get("dur")),
+                       obj.get("pid"), obj.get("tid"), external))
     return None
 
 
@@ -142,10 +167,15 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
         raise ValueError(f"{source}: cannot read trace file: {reason}") from exc
     try:
         data = json.loads(raw, object_hook=_compact_event)
+    except RecursionError:
+        raise ValueError(f"{source}: JSON nested too deeply to be a profiler trace") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{source}: not a JSON trace file ({exc})") from exc
     del raw
     if isinstance(data, list):  # Chrome "JSON array" format: the file is the event list
+        if not all(event is None or isinstance(event, (tuple, dict)) for event in data):
+            raise ValueError(f"{source}: a JSON list that is not a list of trace events "
+                             "(objects with 'ph'/'cat'), so not a profiler trace")
         return data, []
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         keys = ", ".join(sorted(data)[:8]) if isinstance(data, dict) else type(data).__name__
@@ -245,8 +275,10 @@ def _device_from_properties(properties: list[dict], kernels: list[_Kernel]
         chosen = properties[0]
     if chosen is None:
         return None, None
-    name = chosen.get("name")
+    name = chosen.get("name") if isinstance(chosen.get("name"), str) else None
     major, minor = chosen.get("computeMajor"), chosen.get("computeMinor")
+    if not (isinstance(major, int) and isinstance(minor, int)):  # crafted or missing
+        major = minor = None
     capability = f"{major}.{minor}" if major is not None and minor is not None else None
     return name, capability or compute_capability_from_name(name)
 
@@ -269,6 +301,7 @@ def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.Data
     kernels: list[_Kernel] = []
     launches: dict[Any, _Launch] = {}
     ops: list[_CpuOp] = []
+    malformed = 0
     for event in events:
         kind = type(event)
         if kind is _Kernel:
@@ -277,11 +310,14 @@ def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.Data
             launches[event[0]] = event
         elif kind is _CpuOp:
             ops.append(event)
+        elif kind is _Malformed:
+            malformed += 1
     del events
-    device, capability = _device_from_properties(properties, kernels)
+    device, capability = _device_from_properties(
+        [entry for entry in properties if isinstance(entry, dict)], kernels)
     table = _build_table(kernels, launches, ops)
     table.attrs.update(source=_source_name(path_or_fileobj), device=device,
-                       compute_capability=capability)
+                       compute_capability=capability, malformed_events=malformed)
     return table
 
 
@@ -609,7 +645,9 @@ def _pct(share: float) -> str:
 def analyze_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> dict:
     """load_kernel_table + breakdown, plus the source: what `python -m engine kernels` prints."""
     table = load_kernel_table(path_or_fileobj)
-    return {"source": table.attrs.get("source"), **breakdown(table)}
+    result = {"source": table.attrs.get("source"), **breakdown(table)}
+    result["malformed_events"] = table.attrs.get("malformed_events", 0)
+    return result
 
 
 def kernel_summary_rows(table: pd.DataFrame) -> list[dict]:

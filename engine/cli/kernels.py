@@ -53,6 +53,9 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
     except ValueError as exc:  # unreadable / missing / not a trace: the message names the path
         stderr.write(f"kernels: {exc}\n")
         return EXIT_USAGE
+    if summary.get("malformed_events"):
+        stderr.write(f"warning: {args.trace}: {summary['malformed_events']} malformed event(s) "
+                     "(a name that is not text, an id that is a list or an object) left out\n")
     if args.json:
         stdout.write(json.dumps(summary) + "\n")
     else:
