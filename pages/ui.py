@@ -62,12 +62,40 @@ def get_store() -> Store:
     import os
 
     try:
-        return _cached_store(os.environ.get("PRECISION_LAB_HOME"))
+        return PageStore(_cached_store(os.environ.get("PRECISION_LAB_HOME")))
     except StoreError as exc:
-        # The store's own message (a path the operator set, and the fix): ours, as written.
-        st.error(f"The data store cannot be used: {exc}")
-        st.stop()
-        raise  # unreachable: st.stop() raises
+        store_error(exc)
+        raise  # unreachable: store_error stops the page
+
+
+class PageStore:
+    """The server's cached Store as the pages (and the engine calls they make) use it: a
+    StoreError from any method, also one raised long after the store was opened (the
+    database damaged or deleted under the running server, a full disk), shows the
+    store's own message and fix and stops the page, instead of a redacted traceback."""
+
+    def __init__(self, store: Store):
+        self._store = store
+
+    def __getattr__(self, name: str):
+        value = getattr(self._store, name)
+        if not callable(value):
+            return value
+
+        def guarded(*args, **kwargs):
+            try:
+                return value(*args, **kwargs)
+            except StoreError as exc:
+                store_error(exc)
+
+        return guarded
+
+
+def store_error(exc: StoreError) -> None:
+    """The store's own message and fix (a path the operator set: ours, as written), then
+    stop the page. Also for a store that breaks after this server cached it."""
+    st.error(f"The data store cannot be used: {exc}")
+    st.stop()
 
 
 @st.cache_resource(show_spinner=False)

@@ -125,6 +125,7 @@ class StoreCore:
         self.home = Path(home).expanduser().resolve() if home else default_home()
         self.db_path = self.home / DB_FILENAME
         self._ensure_home()
+        self._refuse_a_lost_database()
         self._migrate()
 
     # -- setup ------------------------------------------------------------------------------
@@ -141,6 +142,24 @@ class StoreCore:
         make_private(self.runs_dir, PRIVATE_DIR_MODE)
         for name in PRIVATE_FILES:
             make_private(self.home / name)
+
+    def _refuse_a_lost_database(self) -> None:
+        """A zero-byte database beside run folders means the run list was lost (a failed
+        copy, a full disk at the wrong moment): say so, instead of silently starting an
+        empty store that hides every earlier run."""
+        try:
+            empty = self.db_path.stat().st_size == 0
+        except FileNotFoundError:
+            return  # no database yet: a new one is created
+        if not empty:
+            return
+        folders = [p for p in self.runs_dir.iterdir() if p.is_dir()] if self.runs_dir.is_dir() else []
+        if folders:
+            raise StoreError(
+                f"{self.db_path}: the database file is empty (0 bytes) while runs/ holds "
+                f"{len(folders)} run folder(s) of an earlier database: the run list is lost. "
+                "Restore the file from a backup, or delete the empty file to start a new "
+                "database (the run folders, with their logs and traces, stay in runs/)")
 
     def _migrate(self) -> None:
         try:
