@@ -65,10 +65,17 @@ def throughput_figure(frame: pd.DataFrame, column: str, unit: str, smoothing: fl
         fig.update_yaxes(type="log")
     median = steady_median(frame, column)
     if median is not None:
-        fig.add_hline(y=median, line_dash="dot",
-                      annotation_text=f"steady median {median:,.0f}",
-                      annotation_position="bottom left",
-                      annotation_bgcolor="rgba(255,255,255,0.8)")
+        if log_y:
+            # An annotation sits at y in axis units, which on a log axis are log10: name the
+            # line in the legend instead, where it cannot land off the chart.
+            fig.add_trace(go.Scatter(x=[frame["step"].min(), frame["step"].max()],
+                                     y=[median, median], mode="lines",
+                                     line=dict(dash="dot", color="grey"),
+                                     name=f"steady median {median:,.0f}"))
+        else:
+            fig.add_hline(y=median, line_dash="dot", annotation_text=f"steady median {median:,.0f}",
+                          annotation_position="bottom left",
+                          annotation_bgcolor="rgba(255,255,255,0.8)")
     _shade_profile_window(fig, frame)
     return fig
 

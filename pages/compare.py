@@ -68,8 +68,12 @@ def selection_from_url() -> None:
         st.code("\n".join(unknown[:20]), language=None)
     st.session_state[RUNS_KEY] = [i for i in requested if i in by_id]
     st.session_state[SEEN_PRESET_KEY] = tuple(st.session_state.get(PRESET_KEY) or ())
-    if st.query_params.get("baseline") in st.session_state[RUNS_KEY]:
-        st.session_state[BASELINE_KEY] = st.query_params["baseline"]
+    url_baseline = st.query_params.get("baseline")
+    if url_baseline in st.session_state[RUNS_KEY]:
+        st.session_state[BASELINE_KEY] = url_baseline
+    elif url_baseline:
+        st.warning("The baseline in this page's address is not among the compared runs; the "
+                   "default baseline is used instead.")
 
 
 def sync_selection() -> None:
@@ -97,6 +101,8 @@ selected = st.multiselect(
     help="Default: the latest comparison preset, else the newest finished runs of one "
          "model, size and batch at different precisions.")
 if not selected:
+    for key in ("runs", "baseline"):  # the address must not bring back what was cleared
+        st.query_params.pop(key, None)
     st.info("Pick one or more runs to compare.")
     st.stop()
 

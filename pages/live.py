@@ -49,7 +49,12 @@ if not runs:
 run_ids = [r.id for r in runs]
 # No status in the labels: they would go stale while the fragment refreshes.
 labels = {r.id: f"{r.config.label} · {r.id}" for r in runs}
-wanted = st.session_state.get(LIVE_RUN_KEY) or st.query_params.get("run")
+url_run = st.query_params.get("run")
+if url_run and url_run not in run_ids and "live_select" not in st.session_state:
+    st.warning("The run in this page's address does not exist here (deleted, or from another "
+               "data directory); showing the newest run instead.")
+    st.code(url_run, language=None)  # as text: it comes from the URL
+wanted = st.session_state.get(LIVE_RUN_KEY) or url_run
 selected = st.selectbox("Run", run_ids, index=run_ids.index(wanted) if wanted in run_ids else 0,
                         format_func=labels.get, key="live_select")
 if st.session_state.get(LIVE_RUN_KEY) != selected:

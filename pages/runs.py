@@ -20,7 +20,7 @@ from engine.config import ConfigError, ModelName, Precision, choices
 from engine.run.launcher import reconcile
 from engine.schema import STATUSES
 from engine.store import RunActive, RunNotFound
-from pages.ui import ensure_app_shell, get_store, open_in_live, relaunch, status_badge
+from pages.ui import ensure_app_shell, get_store, open_in_live, plain, relaunch, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -40,7 +40,7 @@ search = top_left.text_input("Search", key="runs_search", placeholder="run id, l
                              help="Case-insensitive, in the run id, label, note and tags")
 tag_text = top_right.text_input("Tags", key="runs_tags", placeholder="team=infra, baseline",
                                 help="key=value, or a bare key for any value; comma-separated")
-cols = st.columns([2, 2, 2, 2, 2, 2])
+cols = st.columns([2, 2, 2, 3, 3, 2])
 status_filter = cols[0].multiselect("Status", STATUSES, key="runs_status")
 precision_filter = cols[1].multiselect("Precision", choices(Precision), key="runs_precision")
 model_filter = cols[2].multiselect("Model", choices(ModelName), key="runs_model")
@@ -51,13 +51,15 @@ show_archived = cols[5].toggle("Show archived", key="runs_archived",
 try:
     tag_filter = parse_tag_filter(tag_text)
 except ConfigError as exc:
-    st.error(f"Tags filter: {exc.fix}")  # the text itself is the user's: not echoed as Markdown
-    tag_filter = {}
+    st.error(f"Tags filter {plain(repr(exc.value))}: {plain(exc.fix)}")
+    tag_filter = {"": None}  # matches nothing: a wrong filter must not look like "all runs"
 flt = RunFilter(text=search, tags=tag_filter, models=tuple(model_filter),
                 precisions=tuple(precision_filter), statuses=tuple(status_filter),
                 since=since if isinstance(since, dt.date) else None,
                 until=until if isinstance(until, dt.date) else None, archived=show_archived)
 shown = filter_runs(runs, flt)
+if flt.since and flt.until and flt.since > flt.until:
+    st.warning("'Created from' is after 'Created until': no run can match.")
 archived_count = sum(1 for r in runs if r.archived)
 st.caption(f"{len(shown)} of {len(runs)} runs"
            + (f" ({archived_count} archived, hidden)" if archived_count and not show_archived else "")
@@ -67,8 +69,8 @@ st.caption(f"{len(shown)} of {len(runs)} runs"
 rows = [run_row(r) for r in shown]
 table = pd.DataFrame(rows, columns=list(run_row(runs[0]).keys()))
 if len(table):
-    table["status"] = [status_badge(s) + (" · archived" if a else "")
-                       for s, a in zip(table["status"], table["archived"])]
+    table["status"] = [status_badge(s) for s in table["status"]]
+    table["archived"] = ["archived" if a else "" for a in table["archived"]]
 for column in ("duration_s", "throughput", "peak_mem_gib", "final_loss", "mfu_pct"):
     table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN renders blank
 # The selection is by row position: after an action changes the rows, a new key starts the
@@ -86,7 +88,8 @@ def changed_rows() -> None:
 
 
 event = st.dataframe(
-    table.drop(columns=["archived"]), key=table_key(), hide_index=True, on_select="rerun",
+    table if show_archived else table.drop(columns=["archived"]), key=table_key(),
+    hide_index=True, on_select="rerun",
     selection_mode="multi-row",
     column_config={
         "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
@@ -97,6 +100,7 @@ event = st.dataframe(
         "peak_mem_gib": st.column_config.NumberColumn("peak mem (GiB)", format="%.3f"),
         "final_loss": st.column_config.NumberColumn(format="%.4f"),
         "mfu_pct": st.column_config.NumberColumn("MFU (%)", format="%.1f"),
+        "tags": st.column_config.TextColumn("tags", width="medium"),
         "note": st.column_config.TextColumn("note", width="medium"),
         "reason": st.column_config.TextColumn("reason", width="medium"),
     })
@@ -116,25 +120,32 @@ if one is not None:
     if action_cols[1].button("Re-launch with this config", key="relaunch",
                              help="Opens Launch with this run's settings filled in"):
         relaunch(one)
+if one is None and action_cols[0].button("Compare these", type="primary", key="compare_selected",
+                                         help="Opens Compare with the selected runs"):
+    st.session_state["compare_runs"] = [r.id for r in selected]
+    st.session_state["compare_seen_preset"] = tuple(st.session_state.get("preset_run_ids") or ())
+    st.switch_page("pages/compare.py")
 any_archived = any(r.archived for r in selected)
 if action_cols[2].button("Unarchive" if any_archived else "Archive", key="archive",
-                         help="Archived runs are hidden unless 'Archived' is on; nothing is deleted"):
+                         help="Archived runs are hidden unless 'Show archived' is on; nothing is "
+                              "deleted"):
     for run in selected:
         store.set_archived(run.id, not any_archived)
     changed_rows()
 
 with action_cols[3].popover("Delete", help="Removes the runs' rows and files for good"):
     active = [r for r in selected if r.is_active]
+    ended = [r for r in selected if not r.is_active]
     if active:
         st.warning(f"{len(active)} of these runs are queued or running: stop them first "
-                   "(Live page), then delete.")
-    else:
-        st.write(f"Delete {len(selected)} run(s), their metrics, logs and traces? This cannot "
-                 "be undone.")
+                   "(Live page); they are not deleted.")
+    if ended:
+        st.write(f"Delete {len(ended)} ended run(s), their metrics, logs and traces? This "
+                 "cannot be undone.")
         confirm = st.checkbox("Yes, delete them", key="delete_confirm")
         if st.button("Delete", type="primary", disabled=not confirm, key="delete_runs"):
             deleted, refused = [], []
-            for run in selected:
+            for run in ended:
                 try:
                     store.delete_run(run.id)
                     deleted.append(run.id)
@@ -158,7 +169,7 @@ if one is not None:
                 store.set_tags(one.id, parse_tags_text(tags_in))
                 store.set_note(one.id, note_in)
             except ConfigError as exc:
-                st.error(f"Not saved: {exc.field}: {exc.fix}")
+                st.error(f"Not saved: {plain(exc.field)} {plain(repr(exc.value))}: {plain(exc.fix)}")
             else:
                 st.toast("Saved")
                 changed_rows()

@@ -65,7 +65,7 @@ def grid_form() -> None:
     try:
         batch_sizes = list(parse_batch_sizes(batch_text))
     except ConfigError as exc:
-        right.error(f"Batch sizes: {exc.fix}")
+        right.error(f"Batch sizes: {plain(repr(exc.value))}: {plain(exc.fix)}")
         batch_sizes = []
     left, middle, right = st.columns(3)
     size = left.selectbox("Model size", choices(ModelSize), key="sw_size")
@@ -80,7 +80,7 @@ def grid_form() -> None:
         address, options, ray_ok = ray_settings()
     count = len(models) * len(precisions) * len(batch_sizes)
     too_many = count > MAX_SWEEP_RUNS
-    st.markdown(f"This sweep will create **{count} runs** ({len(models)} x {len(precisions)} x "
+    st.markdown(f"This sweep will create **{count} run{'s' if count != 1 else ''}** ({len(models)} x {len(precisions)} x "
                 f"{len(batch_sizes)}: models x precisions x batch sizes).")
     if too_many:
         st.error(f"{count} runs is more than the {MAX_SWEEP_RUNS} one sweep may create: "
@@ -97,7 +97,8 @@ def grid_form() -> None:
         st.error(f"Cannot create the sweep: {plain(exc.field)} = {plain(repr(exc.value))}: {plain(exc.fix)}")
         return
     st.session_state[SELECTED_KEY] = sweep_id
-    st.success(f"Sweep {sweep_id} created with {count} runs.")
+    st.session_state["sw_select"] = sweep_id  # show the new sweep below (drawn after this)
+    st.success(f"Sweep {sweep_id} created with {count} run{'s' if count != 1 else ''}.")
 
 
 def ray_settings() -> tuple[str, RayOptions | None, bool]:

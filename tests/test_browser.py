@@ -319,9 +319,10 @@ def test_runs_page_relaunch_fills_the_launch_form_and_archive_hides_the_run(serv
     canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
     page.mouse.click(canvas["x"] + 15, canvas["y"] + 35 + 35 / 2)  # the only row's marker
     page.get_by_role("button", name="Re-launch with this config", exact=True).click()
-    page.wait_for_url(re.compile(r"/launch$|/$"))
     page.get_by_text(f"Filled in from run {source}").first.wait_for()
-    assert widget(page, "batch_size").locator("input").input_value() == "48"
+    wait_app_idle(page)
+    wait_for(lambda: widget(page, "batch_size").locator("input").input_value() == "48", 10,
+             message="the batch size filled in from the run")
     assert widget(page, "steps").locator("input").input_value() == "77"
     assert widget(page, "name").locator("input").input_value() == "to re-launch"
     assert len(store.list_runs()) == 1  # nothing launched yet

@@ -291,6 +291,12 @@ def test_mlflow_export_to_a_real_file_store(lab, tmp_path, monkeypatch):
     assert exported.data.metrics["summary/final_loss"] == pytest.approx(run.summary["final_loss"])
     artifacts = {a.path for a in client.list_artifacts(mlflow_id)}
     assert {"report.html", "worker.log"} <= artifacts
+    # Exporting again replaces the earlier export: still one MLflow run for this run.
+    again = json.loads(_cli(home, "export", run_id, "--mlflow", uri, "--json").stdout)
+    experiment = client.get_experiment_by_name("precision-lab")
+    live = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`precision_lab.run_id` = '{run_id}'")
+    assert [r.info.run_id for r in live] == [again["runs"][run_id]]
 
 
 def test_tensorboard_export_reads_back_with_tensorboards_reader(lab, tmp_path):
@@ -313,6 +319,12 @@ def test_tensorboard_export_reads_back_with_tensorboards_reader(lab, tmp_path):
     assert [e.step for e in loss] == stored["step"].tolist()
     assert [e.value for e in loss] == pytest.approx(stored["loss"].tolist(), rel=1e-6)
     assert os.path.basename(folders[run_id]).endswith(run_id)
+    assert " " not in os.path.basename(folders[run_id])
+    # Exporting again replaces the run's events: still one point per step.
+    _cli(home, "export", run_id, "--tensorboard", str(tmp_path / "tb"))
+    again = EventAccumulator(folders[run_id], size_guidance={"scalars": 0})
+    again.Reload()
+    assert len(again.Scalars("loss")) == len(stored)
 
 
 def test_exports_elsewhere_refuse_a_run_that_has_not_ended(home, capsys, tmp_path):

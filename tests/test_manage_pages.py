@@ -225,3 +225,56 @@ def test_sweep_url_free_batch_sizes_and_absolute_values_in_cells(home):
     at = _page("pages/sweep.py", {"sweep": "sweep-nope"})
     assert any("does not exist here" in w.value for w in at.warning)
     assert at.selectbox(key="sw_select").value == newer
+
+
+def test_two_selected_runs_open_in_compare(lab):
+    store, (alpha, bf16) = lab
+    at = _page("pages/runs.py")
+    _select_rows(at, [0, 1])
+    at.button(key="compare_selected").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Compare runs"
+    assert set(at.multiselect(key="compare_runs").value) == {alpha, bf16}
+
+
+def test_delete_of_a_mixed_selection_deletes_the_ended_runs_only(lab):
+    store, (alpha, bf16) = lab
+    running = store.create_run(RunConfig(model="mlp"), "cpu")
+    store.set_status(running, RUNNING)
+    store.update_run(running, pid=1)  # alive: reconcile leaves it running
+    at = _page("pages/runs.py")
+    ids = _table(at)["run_id"].tolist()
+    _select_rows(at, [ids.index(bf16), ids.index(running)])
+    assert any("not deleted" in w.value for w in at.warning)
+    at.checkbox(key="delete_confirm").check().run()
+    at.button(key="delete_runs").click().run()
+    assert {r.id for r in store.list_runs()} == {alpha, running}
+
+
+def test_a_bad_tag_filter_says_so_and_matches_nothing(lab):
+    at = _page("pages/runs.py")
+    at.text_input(key="runs_tags").set_value("bad key!=1").run()
+    assert any("Tags filter" in e.value for e in at.error)
+    assert len(_table(at)) == 0
+
+
+def test_live_names_an_unknown_run_in_its_address(lab):
+    store, (alpha, bf16) = lab
+    at = _page("pages/live.py", {"run": "no-such-run"})
+    assert any("does not exist here" in w.value for w in at.warning)
+    assert any("no-such-run" in c.value for c in at.code)
+
+
+def test_compare_with_nothing_selected_clears_its_address(lab):
+    store, (alpha, bf16) = lab
+    at = _page("pages/compare.py", {"runs": alpha, "baseline": alpha})
+    at.multiselect(key="compare_runs").set_value([]).run()
+    assert "runs" not in at.query_params and "baseline" not in at.query_params
+
+
+def test_heatmap_cells_of_absolute_metrics_use_thousands_separators(home):
+    store = Store(home)
+    sweep_id = _finished_sweep(store)
+    matrix = results_matrix(sweep_view(store, sweep_id), "samples_per_s")
+    text = cell_label(matrix, "mlp", "fp32", 8)
+    assert "e+" not in text and text.endswith("samples/s")

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 from engine.config import ConfigError
 from engine.schema import throughput_column, throughput_unit
 from engine.store import RunRecord
+from engine.store.manage import TAG_KEY_RE
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,17 @@ class RunFilter:
 
 
 def parse_tag_filter(text: str) -> dict[str, str | None]:
-    """"team=infra, baseline" -> {"team": "infra", "baseline": None}."""
+    """"team=infra, baseline" -> {"team": "infra", "baseline": None}; a key no tag could
+    have is refused (ConfigError) rather than silently matching nothing."""
     wanted: dict[str, str | None] = {}
     for part in (text or "").split(","):
         part = part.strip()
         if not part:
             continue
         key, sep, value = part.partition("=")
-        if not key.strip():
-            raise ConfigError("tag filter", part, "key=value or key, e.g. team=infra")
+        if not key.strip() or not TAG_KEY_RE.fullmatch(key.strip()):
+            raise ConfigError("tag filter", part, "key=value or key, e.g. team=infra (keys: "
+                              "letters, digits, _ . -)")
         wanted[key.strip()] = value.strip() if sep else None
     return wanted
 
@@ -105,14 +108,14 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     return {
         "run_id": run.id, "status": run.status,
         "model": f"{cfg.model}-{cfg.size}", "precision": str(cfg.precision),
-        "batch_size": cfg.batch_size, "steps": f"{run.steps_completed}/{run.total_steps}",
-        "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
-        "duration_s": _finite(run.duration_s), "label": cfg.label,
+        "steps": f"{run.steps_completed}/{run.total_steps}", "tags": tags_text(run.tags),
+        "note": run.note, "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
+        "duration_s": _finite(run.duration_s), "batch_size": cfg.batch_size, "label": cfg.label,
         "throughput": _finite(s.get(throughput_column(cfg.model))),
         "unit": throughput_unit(cfg.model),
         "peak_mem_gib": peak / 2**30 if isinstance(peak, (int, float)) and peak else None,
         "final_loss": _finite(s.get("final_loss")),
         "mfu_pct": 100 * s["mfu"] if _finite(s.get("mfu")) else None,
-        "device": run.device_key, "tags": tags_text(run.tags), "note": run.note,
+        "device": run.device_key,
         "archived": run.archived, "reason": run.reason or "",
     }

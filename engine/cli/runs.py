@@ -285,12 +285,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         "metrics_rows": store.metrics_count(run_id), "device": run.device_key,
         "device_name": run.device_name, "created_at": run.created_at,
         "started_at": run.started_at, "ended_at": run.ended_at,
+        "created": _local_time(run.created_at), "duration_s": run.duration_s,
+        "tags": run.tags, "note": run.note, "archived": run.archived,
         "config": run.config.to_dict(), "summary": run.summary,
     }
     if args.json:
         print(json.dumps(info))
     else:
         for key, value in info.items():
+            if key in ("created_at", "started_at", "ended_at"):
+                value = _local_time(value) if value else value  # readable; --json has epochs
             print(f"{key:<16} {json.dumps(value) if isinstance(value, dict) else value}")
     return EXIT_OK
 
@@ -329,13 +333,34 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return EXIT_OK
-    header = f"{'run_id':<24} {'status':<9} {'model':<12} {'precision':<10} {'batch':>6} {'steps':>13}"
+    if not rows:
+        print("no runs" + (" match these filters" if _filtered(args) else " yet"))
+        return EXIT_OK
+    header = (f"{'run_id':<24} {'status':<9} {'model':<12} {'precision':<10} {'batch':>6} "
+              f"{'steps':>13}  {'created':<19}  tags")
     print(header)
     for row in rows:
-        print(f"{row['run_id']:<24} {row['status']:<9} {row['model'] + '-' + row['size']:<12} "
+        status = row["status"] + ("*" if row["archived"] else "")
+        tags = ", ".join(f"{k}={v}" if v else k for k, v in sorted(row["tags"].items()))
+        print(f"{row['run_id']:<24} {status:<9} {row['model'] + '-' + row['size']:<12} "
               f"{row['precision']:<10} {row['batch_size']:>6} "
-              f"{str(row['steps_completed']) + '/' + str(row['total_steps']):>13}")
+              f"{str(row['steps_completed']) + '/' + str(row['total_steps']):>13}  "
+              f"{_local_time(row['created_at']):<19}  {tags}")
+    if any(row["archived"] for row in rows):
+        print("* archived")
     return EXIT_OK
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    return bool(args.search or args.tag or args.model or args.precision or args.status
+                or args.since or args.until)
+
+
+def _local_time(timestamp: float | None) -> str:
+    """YYYY-MM-DD HH:MM:SS in this machine's time zone."""
+    if not timestamp:
+        return ""
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -324,13 +324,21 @@ def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -
     under it ("1.23x" / "4,567 samples/s"); the run's status where it has no value."""
     value = matrix["values"][model].loc[precision, batch]
     status = matrix["status"][model].loc[precision, batch]
-    if not (isinstance(value, float) and math.isfinite(value)):
-        return "n/a" if status == FINISHED else status
+    own = matrix["absolute"][model].loc[precision, batch]
     if matrix["metric"] == "throughput_x":
-        own = matrix["absolute"][model].loc[precision, batch]
-        return f"{value:.2f}x<br>{own:,.0f} samples/s"
+        ratio = f"{value:.2f}x" if _finite(value) is not None else (
+            "n/a" if status == FINISHED else status)
+        # The absolute figure stays even when the ratio has no baseline to divide by.
+        return ratio + (f"<br>{_figure(own)} samples/s" if _finite(own) is not None else "")
+    if _finite(value) is None:
+        return "n/a" if status == FINISHED else status
     unit = matrix["unit"]
-    return f"{value:.4g}" + (f" {unit}" if unit else "")
+    return _figure(value) + (f" {unit}" if unit else "")
+
+
+def _figure(value: float) -> str:
+    """Large values with thousands separators (41,634), small ones with 4 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def _cell_value(run: RunRecord | None, base: RunRecord | None, metric: str) -> float:

@@ -6,8 +6,8 @@ name (`loss`, `samples_per_s`, `step_time_ms`, ...), telemetry as MLflow system 
 (`system/gpu_util_pct`, `system/cpu_pct`, ... by sample), the summary figures as
 metrics without a step, the profiler trace, worker log, numerics file and a one-run
 HTML report as artifacts, and the run's status as MLflow's (FINISHED, FAILED, KILLED).
-The Precision Lab run id is the tag `precision_lab.run_id`: exporting again makes a new
-MLflow run, and the tag tells them apart.
+The Precision Lab run id is the tag `precision_lab.run_id`: exporting the run again
+replaces its earlier export in that experiment.
 
 MLflow is an optional extra (requirements-export.txt); without it the CLI says so.
 """
@@ -73,6 +73,10 @@ def export_to_mlflow(store: Store, run_id: str, tracking_uri: str,
     client = MlflowClient(tracking_uri=tracking_uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    # Exporting again replaces the earlier export of this run (one MLflow run per run).
+    for earlier in client.search_runs([experiment_id],
+                                      filter_string=f"tags.`precision_lab.run_id` = '{run.id}'"):
+        client.delete_run(earlier.info.run_id)
     started_ms = int((run.started_at or run.created_at) * 1000)
     mlflow_run = client.create_run(experiment_id, start_time=started_ms, run_name=run.config.label,
                                    tags=_tags(run))

@@ -1,6 +1,6 @@
 """Write a run as TensorBoard event files: `tensorboard --logdir DIR` then shows it.
 
-One subdirectory per run (`DIR/<label> <run id>`), scalars by step under the metric
+One subdirectory per run (`DIR/<label>_<run id>`, replaced when exported again), scalars by step under the metric
 names (`loss`, `samples_per_s`, `step_time_ms`, ...), telemetry under `system/` by
 sample, and the config and summary as a text summary. Written with TensorBoard's own
 event writer and protocol buffers (the `tensorboard` package, an optional extra): no
@@ -33,8 +33,8 @@ def tensorboard_problem() -> str | None:
 
 def run_logdir_name(run: RunRecord) -> str:
     """A directory name TensorBoard lists readably: label and id, filesystem-safe."""
-    label = re.sub(r"[^\w.+\- ]", "_", run.config.label)[:80].strip()
-    return f"{label} {run.id}"
+    label = re.sub(r"[^\w.+\-]", "_", run.config.label)[:80].strip("_")
+    return f"{label}_{run.id}"
 
 
 def _finite(value: Any) -> float | None:
@@ -56,6 +56,8 @@ def export_to_tensorboard(store: Store, run_id: str, logdir: str | Path) -> Path
     run = store.get_run(run_id)
     out = Path(logdir) / run_logdir_name(run)
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("events.out.tfevents.*"):  # exporting again replaces, never doubles
+        old.unlink()
     writer = EventFileWriter(str(out))
     start_s = run.started_at or run.created_at
 
