@@ -121,6 +121,10 @@ MAX_SEQ_LEN = 8_192
 MAX_IMAGE_SIZE = 512
 # The machine's own limit (GPUs, CPU cores) is checked by engine.admission.check_runnable.
 MAX_NPROCS = 64
+# A smaller address-space cap cannot even start the interpreter (exit 127), let alone load
+# PyTorch; caps from here up fail, if too small, with "too small to load PyTorch".
+MIN_MEMORY_CAP_MB = 256
+
 # (lowest, highest, what to give) of every numeric field: RunConfig's checks and the UI's
 # inputs both read these, so a bound is changed in one place.
 INT_BOUNDS: dict[str, tuple[int, int, str]] = {
@@ -132,7 +136,8 @@ INT_BOUNDS: dict[str, tuple[int, int, str]] = {
     "log_interval": (1, 10_000, "log every 1..10000 steps"),
     "warmup_steps": (0, MAX_STEPS, "0 or more warm-up steps"),
     "profile_steps": (1, 50, "a profiler window of 1..50 steps"),
-    "memory_cap_mb": (0, 10**8, "0 (no cap) or a cap in MiB, e.g. 4096"),
+    "memory_cap_mb": (0, 10**8, f"0 (no cap) or a cap of at least {MIN_MEMORY_CAP_MB} MiB, "
+                                "e.g. 4096"),
     "seed": (0, 2**31 - 1, "a seed between 0 and 2**31-1"),
     "nprocs": (1, MAX_NPROCS, f"1 process, or 2..{MAX_NPROCS} for a multi-process run"),
 }
@@ -222,6 +227,10 @@ class RunConfig:
         self._coerce_enums()
         for name, (low, high, fix) in INT_BOUNDS.items():
             _check_int(self, name, low, high, fix)
+        if 0 < self.memory_cap_mb < MIN_MEMORY_CAP_MB:
+            raise ConfigError("memory_cap_mb", self.memory_cap_mb,
+                              f"a cap below {MIN_MEMORY_CAP_MB} MiB leaves the interpreter no "
+                              f"room to start; use 0 (no cap) or at least {MIN_MEMORY_CAP_MB}")
         for name, (low, high, fix) in FLOAT_BOUNDS.items():
             _check_float(self, name, low, high, fix, open_low=name in OPEN_LOW_BOUNDS)
         for flag in ("channels_last", "compile", "loss_scaling", "profile", "numerics"):

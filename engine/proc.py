@@ -120,6 +120,47 @@ def child_setup(parent_pid: int, cap_mb: int = 0):
     return apply
 
 
+def cgroup_oom_kills(pid: int | str = "self") -> int | None:
+    """The kernel's OOM-kill count of `pid`'s cgroup (v2 memory.events), None where it
+    cannot be read. A SIGKILLed trainer is said to be the OOM killer's victim only when
+    this count rose while it ran: a kill by a user or another process is not an OOM."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            line = next((ln for ln in handle if ln.startswith("0::")), None)
+        if line is None:
+            return None
+        path = Path("/sys/fs/cgroup") / line.strip()[3:].lstrip("/") / "memory.events"
+        for row in path.read_text(encoding="utf-8").splitlines():
+            key, _, value = row.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError, StopIteration):
+        return None
+    return None
+
+
+def sigkill_cause(oom_kills_before: int | None) -> str:
+    """What a SIGKILL's reason may add, from evidence only: the OOM killer when the
+    cgroup's count rose, nothing when it cannot be told."""
+    now = cgroup_oom_kills()
+    if oom_kills_before is not None and now is not None:
+        if now > oom_kills_before:
+            return " (the kernel's OOM killer: this cgroup's oom_kill count rose)"
+        return " (not the kernel's OOM killer: a user or another process sent it)"
+    return ""
+
+
+STORAGE_WORDS = ("database or disk is full", "No space left on device", "disk I/O error")
+
+
+def storage_problem_in(log_tail: str) -> str | None:
+    """A full or failing disk named in a process's last output, in plain words."""
+    lowered = log_tail.lower()
+    if any(words.lower() in lowered for words in STORAGE_WORDS):
+        return "the data directory's disk is full or failing: free space there, then re-run"
+    return None
+
+
 def kill_if_ours(pid: int | None, create_time: float | None) -> bool:
     """SIGKILL `pid` when it is still the process we recorded (same create time)."""
     if not pid or create_time is None or not is_alive(pid, create_time):

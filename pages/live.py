@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.cpu_evidence import verdict_tone
-from engine.analysis.live import eta_s, live_headline
+from engine.analysis.live import eta_s, live_headline, no_progress_s
 from engine.cluster.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.launcher import read_log_tail, reconcile, stop
@@ -131,6 +131,11 @@ def status_block(run) -> None:
                 "one run per device at a time keeps throughput numbers honest.")
     elif run.status == "running":
         st.success(f"{status_badge('running')} on {plain(run.device_key)}")
+        idle_s = no_progress_s(store, run)
+        if idle_s is not None:
+            st.warning(f"No progress for {fmt_duration(idle_s)}: the trainer logged no step in "
+                       "that time (paused, a hung device, or a very long first step). Runs "
+                       "queued behind it wait; stop it if it does not recover.")
     elif run.status == "finished":
         st.success(f"{status_badge('finished')}" + (f": {plain(run.reason)}" if run.reason else ""))
     else:

@@ -11,8 +11,10 @@ from engine.cluster.ray_env import (
     MAX_CPUS_PER_RUN,
     MAX_GPUS_PER_RUN,
     RAY_ADDRESS_ENV,
+    RAY_ANY_ADDRESS_ENV,
     RayOptions,
     default_ray_address,
+    page_may_choose_address,
     ray_problem,
 )
 from engine.cluster.sweep import (
@@ -42,12 +44,6 @@ store = get_store()
 reconcile(store)  # a dead worker or sweep driver shows as failed here
 
 st.title("Sweeps")
-
-
-@st.cache_data(ttl=15, show_spinner=False)
-def cached_ray_problem(address: str) -> str | None:
-    """A TCP probe of the head (<= 2 s): cached so reruns of the page do not repeat it."""
-    return ray_problem(address)
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,23 +98,44 @@ def grid_form() -> None:
 
 
 def ray_settings() -> tuple[str, RayOptions | None, bool]:
-    """The Ray address and resources; says plainly when Ray cannot be used right now."""
+    """The Ray address and resources. The server connects to the address only when asked
+    (the check button), and only to the operator's $PRECISION_LAB_RAY_ADDRESS unless
+    $PRECISION_LAB_RAY_ALLOW_ANY_ADDRESS lets viewers type one."""
     left, middle, right = st.columns(3)
-    address = left.text_input("Ray address (HOST:PORT of the head, or auto)",
-                              value=default_ray_address(), key="sw_ray_address",
-                              help=f"Default from ${RAY_ADDRESS_ENV}. This machine must be a "
-                                   "node of the cluster (README: Sweeps).").strip()
-    gpus = middle.number_input("GPUs per run", min_value=0, max_value=MAX_GPUS_PER_RUN, value=1, key="sw_gpus",
+    configured = default_ray_address()
+    if page_may_choose_address():
+        address = left.text_input("Ray address (HOST:PORT of the head, or auto)",
+                                  value=configured, key="sw_ray_address",
+                                  help=f"Default from ${RAY_ADDRESS_ENV}. This machine must be a "
+                                       "node of the cluster (README: Sweeps).").strip()
+    else:
+        address = configured
+        left.text_input("Ray address (set by the operator)", value=configured or "not set",
+                        disabled=True, key="sw_ray_address_fixed",
+                        help=f"Set with ${RAY_ADDRESS_ENV} where the app is started; "
+                             f"${RAY_ANY_ADDRESS_ENV}=1 lets this page take any address.")
+    gpus = middle.number_input("GPUs per run", min_value=0, max_value=MAX_GPUS_PER_RUN, value=1,
+                               key="sw_gpus",
                                help="On a CPU-only cluster runs are scheduled by CPUs instead.")
-    cpus = right.number_input("CPUs per run", min_value=1, max_value=MAX_CPUS_PER_RUN, value=1, key="sw_cpus")
+    cpus = right.number_input("CPUs per run", min_value=1, max_value=MAX_CPUS_PER_RUN, value=1,
+                              key="sw_cpus")
     if not address:
-        st.warning("Enter the Ray cluster's address, or choose this machine.")
+        st.warning(f"No Ray cluster is configured for this app: start it with {RAY_ADDRESS_ENV}="
+                   "HOST:PORT, or run the sweep on this machine.")
         return address, None, False
-    problem = cached_ray_problem(address)
-    if problem:
-        st.error(f"The Ray cluster cannot be used: {plain(problem)}. Sweeps on this machine still work.")
+    checked = st.session_state.get("sw_ray_checked")
+    if st.button("Check the Ray cluster", key="sw_ray_check",
+                 help="Connects to the address once and checks that a Ray head answers"):
+        checked = {"address": address, "problem": ray_problem(address)}
+        st.session_state["sw_ray_checked"] = checked
+    if not checked or checked["address"] != address:
+        st.info("Check the Ray cluster before creating the sweep.")
         return address, None, False
-    st.caption(f"Ray cluster at {plain(address)} is reachable; each run becomes one Ray task.")
+    if checked["problem"]:
+        st.error(f"The Ray cluster cannot be used: {plain(checked['problem'])}. Sweeps on this "
+                 "machine still work.")
+        return address, None, False
+    st.caption(f"Ray cluster at {plain(address)} answered; each run becomes one Ray task.")
     return address, RayOptions(gpus_per_run=int(gpus), cpus_per_run=int(cpus)), True
 
 

@@ -276,7 +276,7 @@ def test_json_round_trip_of_defaults_and_of_every_field_changed():
                         device="cuda:1", seq_len=3, image_size=9, channels_last=True,
                         compile=True, grad_scaler_init_scale=1024, grad_scaler_growth_interval=5,
                         loss_scaling=False, numerics=True, log_interval=2, warmup_steps=0, profile=False,
-                        profile_steps=50, memory_cap_mb=100, name="all (changed)", nprocs=2,
+                        profile_steps=50, memory_cap_mb=300, name="all (changed)", nprocs=2,
                         comm_hook="fp16")
     # sharding=fsdp2 excludes numerics: its change round-trips in a second config.
     sharded = changed.replace(sharding="fsdp2", numerics=False)

@@ -278,3 +278,25 @@ def test_heatmap_cells_of_absolute_metrics_use_thousands_separators(home):
     matrix = results_matrix(sweep_view(store, sweep_id), "samples_per_s")
     text = cell_label(matrix, "mlp", "fp32", 8)
     assert "e+" not in text and text.endswith("samples/s")
+
+
+def test_a_running_run_without_progress_is_called_out_on_live_and_in_show(home, capsys):
+    import time
+
+    from engine.analysis.live import no_progress_s
+    from engine.cli import main as cli_main
+
+    store = Store(home)
+    run_id = store.create_run(RunConfig(model="mlp"), "cpu")
+    store.set_status(run_id, RUNNING)
+    store.update_run(run_id, pid=1, started_at=time.time() - 300)  # alive (pid 1): not reconciled
+    store.write_metrics(run_id, [{"step": 1, "loss": 1.0, "wall_time_s": 10.0}])
+    assert no_progress_s(store, store.get_run(run_id)) == pytest.approx(290, abs=5)
+    at = _page("pages/live.py", {"run": run_id})
+    assert any("No progress for 4 min" in w.value for w in at.warning)
+    assert cli_main(["show", run_id, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["no_progress_s"] > 280
+    assert "has logged no step for" in captured.err and "engine stop" in captured.err
+    store.write_metrics(run_id, [{"step": 2, "loss": 1.0, "wall_time_s": 299.0}])
+    assert no_progress_s(store, store.get_run(run_id)) is None

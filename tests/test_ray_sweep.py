@@ -268,6 +268,7 @@ def test_an_address_that_is_not_a_ray_head_fails_the_sweep_with_the_reason(lab):
 def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep, lab,
                                                                   ray_address, monkeypatch):
     monkeypatch.setenv("PRECISION_LAB_HOME", str(lab.home))
+    monkeypatch.setenv("PRECISION_LAB_RAY_ADDRESS", ray_address)  # the operator's cluster
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
     at.switch_page("pages/sweep.py").run()
@@ -286,10 +287,13 @@ def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep
     heat = specs["mlp: throughput vs the baseline precision (x), baseline fp32"]["data"][0]
     assert heat["type"] == "heatmap" and heat["z"][0][0] == pytest.approx(1.0)
 
-    # The Ray part of the form: the cluster is reachable, so nothing is in error.
+    # The Ray part of the form: the operator's address, checked on request; a Ray head
+    # answers, so nothing is in error and the sweep can be created.
     at.radio(key="sw_where").set_value("Ray cluster").run()
-    at.text_input(key="sw_ray_address").set_value(ray_address).run()
+    assert at.text_input(key="sw_ray_address_fixed").disabled
+    assert at.button(key="sw_create").disabled  # not before the check
+    at.button(key="sw_ray_check").click().run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    assert any("is reachable" in c.value for c in at.caption)
+    assert any("answered" in c.value for c in at.caption)
     assert not at.button(key="sw_create").disabled

@@ -121,6 +121,42 @@ def test_ray_options_are_checked():
         assert err.value.field == field
 
 
+def test_a_port_that_is_not_a_ray_head_is_not_called_a_cluster():
+    """The probe speaks gRPC's HTTP/2 preface: an HTTP/1 server (like this app's own
+    port) is "not a Ray cluster", never "reachable"."""
+    import http.server
+    import threading
+
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -r requirements-ray.txt)")
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        problem = ray_problem(f"127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert problem is not None and "is not a Ray cluster" in problem, problem
+
+
+def test_the_sweep_page_uses_only_the_operators_ray_address(home, monkeypatch):
+    monkeypatch.delenv("PRECISION_LAB_RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("PRECISION_LAB_RAY_ALLOW_ANY_ADDRESS", raising=False)
+    at = _sweep_page()
+    at.radio(key="sw_where").set_value("Ray cluster").run()
+    assert at.text_input(key="sw_ray_address_fixed").disabled
+    assert not [t for t in at.text_input if t.key == "sw_ray_address"]  # nothing to type into
+    assert any("No Ray cluster is configured" in w.value for w in at.warning)
+    assert at.button(key="sw_create").disabled
+    monkeypatch.setenv("PRECISION_LAB_RAY_ALLOW_ANY_ADDRESS", "1")  # the operator allows it
+    at = _sweep_page()
+    at.radio(key="sw_where").set_value("Ray cluster").run()
+    at.text_input(key="sw_ray_address").set_value("127.0.0.1:1").run()
+    # Typing connects nowhere: the probe runs only on the explicit check.
+    assert any("Check the Ray cluster before" in i.value for i in at.info)
+    assert not at.error
+
+
 def test_an_unreachable_ray_head_is_reported_plainly():
     with __import__("socket").socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))

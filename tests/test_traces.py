@@ -446,3 +446,50 @@ def test_a_json_document_that_is_no_trace_is_refused_with_one_line(tmp_path, con
         analyze_trace(path)
     assert words in str(info.value) and str(path) in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# bounded memory on any input: a gzip bomb stops at the decompressed-size limit
+
+
+def _bomb(path: Path, decompressed_mib: int) -> Path:
+    """A gzip file of `decompressed_mib` MiB of spaces (a few hundred kB on disk)."""
+    chunk = b" " * 2**20
+    with gzip.open(path, "wb", compresslevel=9) as handle:
+        handle.write(b'{"traceEvents": [')
+        for _ in range(decompressed_mib):
+            handle.write(chunk)
+        handle.write(b"]}")
+    return path
+
+
+def test_a_gzip_bomb_is_refused_at_the_limit_with_bounded_memory(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, cli_env
+
+    bomb = _bomb(tmp_path / "bomb.json.gz", 400)
+    assert bomb.stat().st_size < 5 * 2**20
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = subprocess.run([sys.executable, "-m", "engine", "kernels", str(bomb)],
+                            cwd=str(REPO_ROOT), env=cli_env(tmp_path), capture_output=True,
+                            text=True, timeout=120)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"kernels: {bomb}: larger than 200 MiB decompressed, the limit for a trace; set "
+        "PRECISION_LAB_MAX_TRACE_MIB to raise it"]
+    assert max(peak_kib, before) < 1.5 * 2**20, f"peak RSS {peak_kib / 2**20:.2f} GiB"
+
+
+def test_the_trace_limit_is_configurable(tmp_path, monkeypatch):
+    from engine.analysis.traces import TraceTooLarge
+
+    bomb = _bomb(tmp_path / "small.json.gz", 3)
+    monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_MIB", "2")
+    with pytest.raises(TraceTooLarge, match="larger than 2 MiB"):
+        analyze_trace(bomb)
+    monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_MIB", "8")
+    assert analyze_trace(bomb)["kernel_count"] == 0  # within the limit: an empty trace

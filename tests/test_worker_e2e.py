@@ -306,3 +306,57 @@ def test_a_run_whose_stored_config_does_not_parse_fails_with_that_reason_and_nev
     assert "the stored config does not parse" in run.reason and "re-launch" in run.reason
     assert store.metrics_count(run_id) == 0  # nothing trained: never RunConfig() defaults
     assert "[trainer]" not in read_log_tail(run_id, store)
+
+
+@pytest.mark.timeout(180)
+def test_a_run_directory_deleted_mid_run_is_recreated_and_the_run_finishes(store, wait_for):
+    import shutil
+
+    cfg = short(60, profile=True, warmup_steps=25, log_interval=1)
+    run_id = launch(cfg, store)
+    wait_rows(store, run_id, wait_for, at_least=2)
+    shutil.rmtree(store.run_dir(run_id))  # before the profiler window (steps 26..29)
+    run = wait_final(store, run_id, wait_for)
+    assert run.status == FINISHED, run.reason
+    assert store.metrics_count(run_id) == 60
+    assert (store.run_dir(run_id) / "trace.json.gz").is_file()
+    assert "profile_error" not in run.summary, run.summary.get("profile_error")
+
+
+def test_a_memory_cap_too_small_for_the_interpreter_is_refused_with_the_minimum():
+    from engine.config import MIN_MEMORY_CAP_MB, ConfigError
+
+    for cap in (3, 5, 10, MIN_MEMORY_CAP_MB - 1):
+        with pytest.raises(ConfigError) as info:
+            short(3, memory_cap_mb=cap)
+        assert f"at least {MIN_MEMORY_CAP_MB}" in str(info.value)
+    assert short(3, memory_cap_mb=MIN_MEMORY_CAP_MB).memory_cap_mb == MIN_MEMORY_CAP_MB
+
+
+def test_an_exit_after_a_full_disk_is_named_in_the_reason(store):
+    from engine.run.worker import _record_exit
+
+    run_id = store.create_run(short(5), "cpu")
+    store.set_status(run_id, RUNNING)
+    (store.run_dir(run_id) / "worker.log").write_text(
+        "Traceback (most recent call last):\n  ...\n"
+        "engine.store.db.StoreError: precision_lab.sqlite3: the data directory's disk is "
+        "full (database or disk is full)\n")
+    _record_exit(store, run_id, 1, stop_requested=False)
+    reason = store.get_run(run_id).reason
+    assert reason.startswith("worker exited with code 1 at step 0: the data directory's disk "
+                             "is full"), reason
+
+
+def test_a_sigkill_is_called_an_oom_only_with_evidence(store):
+    from engine.proc import cgroup_oom_kills
+    from engine.run.worker import _record_exit
+
+    run_id = store.create_run(short(5), "cpu")
+    store.set_status(run_id, RUNNING)
+    before = cgroup_oom_kills()
+    _record_exit(store, run_id, -signal.SIGKILL, stop_requested=False, oom_kills_before=before)
+    reason = store.get_run(run_id).reason
+    assert reason.startswith("worker exited with signal 9 (SIGKILL) at step 0")
+    # No OOM kill happened here: the reason never blames the OOM killer or a cap.
+    assert "OOM killer:" not in reason and "memory cap" not in reason, reason

@@ -68,3 +68,21 @@ def eta_s(frame: pd.DataFrame, steps_done: int, total_steps: int) -> float | Non
     if step_ms is None and len(frame):
         step_ms = _median(frame, "step_time_ms")
     return None if step_ms is None else (total_steps - steps_done) * step_ms / 1000.0
+
+
+STALL_AFTER_S = 60.0  # a running run with no new metric row for this long is called out
+
+
+def no_progress_s(store, run, now: float | None = None) -> float | None:
+    """Seconds since a running run last logged a step (or started, before its first),
+    when that is more than STALL_AFTER_S; None otherwise. A paused trainer (SIGSTOP), a
+    hung device or a very long first step shows here instead of a silent queue."""
+    import time  # only for this check
+
+    if run.status != "running" or run.started_at is None:
+        return None
+    last = store.last_metric(run.id)
+    wall_s = last.get("wall_time_s") if last else None
+    last_s = run.started_at + (float(wall_s) if isinstance(wall_s, (int, float)) else 0.0)
+    idle_s = (now if now is not None else time.time()) - last_s
+    return idle_s if idle_s > STALL_AFTER_S else None

@@ -141,19 +141,82 @@ def _source_name(path_or_fileobj: Any) -> str:
     return str(getattr(path_or_fileobj, "name", "<trace stream>"))
 
 
-def _read_bytes(path_or_fileobj: str | os.PathLike | IO[bytes]) -> bytes:
-    """The (decompressed) file content. gzip is detected by its magic bytes, not the name."""
+MAX_TRACE_ENV = "PRECISION_LAB_MAX_TRACE_MIB"
+# Decompressed bytes a trace may have: real profiler windows are tens of MiB (the largest
+# fixture, 190 MiB, parses in ~1.4 GiB of memory); a gzip bomb stops here instead of
+# taking the server's memory. Raise it with PRECISION_LAB_MAX_TRACE_MIB.
+DEFAULT_MAX_TRACE_MIB = 200
+_CHUNK = 1 << 20
+
+
+class TraceTooLarge(ValueError):
+    """The trace (decompressed) is larger than the configured limit."""
+
+
+def max_trace_bytes() -> int:
+    text = os.environ.get(MAX_TRACE_ENV, "")
+    try:
+        mib = int(text) if text.strip() else DEFAULT_MAX_TRACE_MIB
+    except ValueError:
+        mib = DEFAULT_MAX_TRACE_MIB
+    return max(1, mib) * 2**20
+
+
+def _too_large(source: str, limit: int) -> TraceTooLarge:
+    return TraceTooLarge(f"{source}: larger than {limit // 2**20} MiB decompressed, the limit "
+                         f"for a trace; set {MAX_TRACE_ENV} to raise it")
+
+
+def _read_bytes(path_or_fileobj: str | os.PathLike | IO[bytes], source: str = "trace") -> bytes:
+    """The (decompressed) file content, read in chunks and refused past the size limit.
+    gzip is detected by its magic bytes, not the name."""
+    limit = max_trace_bytes()
     if isinstance(path_or_fileobj, (str, os.PathLike)):
         with open(path_or_fileobj, "rb") as handle:
-            raw = handle.read()
-    else:
-        raw = path_or_fileobj.read()
-        if isinstance(raw, str):
-            raw = raw.encode()
-    if raw[:2] == _GZIP_MAGIC:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unzipped:
-            raw = unzipped.read()
-    return raw
+            return _read_limited(handle, limit, source)
+    return _read_limited(path_or_fileobj, limit, source)
+
+
+def _read_limited(handle: IO[bytes], limit: int, source: str) -> bytes:
+    head = handle.read(2)
+    if isinstance(head, str):  # a text stream
+        head = head.encode()
+        rest = handle.read().encode()
+        raw = head + rest
+        if len(raw) > limit:
+            raise _too_large(source, limit)
+        return raw
+    stream = gzip.GzipFile(fileobj=_Prefixed(head, handle)) if head == _GZIP_MAGIC else None
+    parts, total = [head] if stream is None else [], 0 if stream is not None else len(head)
+    reader = stream or handle
+    while True:
+        chunk = reader.read(_CHUNK)
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > limit:  # stop reading: a bomb never expands past the limit in memory
+            raise _too_large(source, limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class _Prefixed(io.RawIOBase):
+    """`head` followed by the rest of `handle`: the gzip reader after the magic sniff."""
+
+    def __init__(self, head: bytes, handle: IO[bytes]):
+        self._head, self._handle = head, handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._handle.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
@@ -161,8 +224,8 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
     Chrome trace with events."""
     source = _source_name(path_or_fileobj)
     try:
-        raw = _read_bytes(path_or_fileobj)
-    except (OSError, EOFError, zlib.error) as exc:  # missing, unreadable, corrupt gzip
+        raw = _read_bytes(path_or_fileobj, source)
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:  # missing, unreadable, corrupt gzip
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ValueError(f"{source}: cannot read trace file: {reason}") from exc
     try:

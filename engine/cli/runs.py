@@ -275,6 +275,8 @@ def cmd_maxbatch(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from engine.analysis.live import no_progress_s  # pandas: kept off the other commands
+
     run_id = _valid_run_id(args.run_id)
     store = Store()
     reconcile(store)
@@ -287,8 +289,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         "started_at": run.started_at, "ended_at": run.ended_at,
         "created": _local_time(run.created_at), "duration_s": run.duration_s,
         "tags": run.tags, "note": run.note, "archived": run.archived,
+        "no_progress_s": no_progress_s(store, run),
         "config": run.config.to_dict(), "summary": run.summary,
     }
+    if info["no_progress_s"] is not None:
+        print(f"warning: run {run.id} has logged no step for {info['no_progress_s']:.0f} s "
+              "(paused, a hung device, or a very long first step); runs queued behind it "
+              f"wait: `python -m engine stop {run.id}` if it does not recover", file=sys.stderr)
     if args.json:
         print(json.dumps(info))
     else:

@@ -83,12 +83,42 @@ def ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+RAY_ANY_ADDRESS_ENV = "PRECISION_LAB_RAY_ALLOW_ANY_ADDRESS"
+# HTTP/2 connection preface and an empty SETTINGS frame: what a gRPC client (Ray's GCS
+# client) sends first. A gRPC server (the Ray head's GCS) answers with a SETTINGS frame
+# (type 4); an HTTP/1 server (this app's own port, a web server) answers "HTTP/1.1 400".
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def page_may_choose_address() -> bool:
+    """Whether the app lets a viewer type any Ray address (the operator's choice): by
+    default the page uses only $PRECISION_LAB_RAY_ADDRESS, so a page viewer cannot make
+    the server connect to hosts and ports of their choosing."""
+    return os.environ.get(RAY_ANY_ADDRESS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def speaks_grpc(host: str, port: int, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> bool | str:
+    """True when host:port answers an HTTP/2 connection preface with a SETTINGS frame (a
+    gRPC server, as a Ray head's GCS is); otherwise why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            conn.sendall(_H2_PREFACE)
+            reply = conn.recv(64)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if len(reply) >= 9 and reply[3] == 0x04:
+        return True
+    return "it does not speak gRPC" if reply else "it closed the connection without a word"
+
+
 def ray_problem(address: str) -> str | None:
     """Why a Ray sweep cannot start now (plain words), or None when it looks possible.
 
     Checks without importing ray or joining the cluster: ray installed, address valid,
-    head's port reachable. The driver reports anything deeper (e.g. version mismatch)
-    in the sweep's status.
+    the head's port answers gRPC (so this app's own port or a web server is not taken for
+    a cluster). The driver reports anything deeper (e.g. a version mismatch) in the
+    sweep's status.
     """
     if not ray_installed():
         return "Ray is not installed here: pip install -r requirements-ray.txt"
@@ -99,10 +129,11 @@ def ray_problem(address: str) -> str | None:
     if address == "auto":
         return None
     host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_TIMEOUT_S):
-            return None
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        return (f"cannot reach the Ray cluster at {address} ({why}); start its head with "
-                f"`ray start --head --port {port}` or fix the address")
+    answer = speaks_grpc(host.strip("[]"), int(port))
+    if answer is True:
+        return None
+    if "not speak gRPC" in str(answer) or "without a word" in str(answer):
+        return (f"{address} is not a Ray cluster ({answer}); give the head's GCS port "
+                "(6379 by default)")
+    return (f"cannot reach the Ray cluster at {address} ({answer}); start its head with "
+            f"`ray start --head --port {port}` or fix the address")

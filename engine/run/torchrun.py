@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine.proc import process_create_time
+from engine.proc import process_create_time, sigkill_cause
 from engine.run.ranks import (
     ranks_dir,
     read_json,
@@ -193,7 +193,7 @@ def failure_reason(exits: list[RankExit], errors: dict[int, dict[str, Any]],
 
 
 def _signal_reason(rank: int, sig: int, step: int) -> str:
-    hint = " (the kernel's OOM killer or a memory cap?)" if sig == signal.SIGKILL else ""
+    hint = sigkill_cause(None) if sig == signal.SIGKILL else ""  # no evidence here: no guess
     return f"rank {rank} exited with signal {sig} ({_signal_name(sig)}) at step {step}{hint}"
 
 

@@ -18,9 +18,16 @@ import subprocess
 import sys
 import time
 
-from engine.proc import child_setup, memory_cap, process_create_time
+from engine.proc import (
+    cgroup_oom_kills,
+    child_setup,
+    memory_cap,
+    process_create_time,
+    sigkill_cause,
+    storage_problem_in,
+)
 from engine.run import standby
-from engine.run.launcher import reconcile
+from engine.run.launcher import read_log_tail, reconcile
 from engine.run.session import StopFlag
 from engine.run.torchrun import supervise_distributed
 from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, STOPPED
@@ -58,11 +65,12 @@ def supervise(run_id: str, store: Store) -> int:
         return 0
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
+    oom_kills_before = cgroup_oom_kills()
     child = _start_trainer(run_id, run, store)
     store.update_run(run_id, train_pid=child.pid,
                      train_pid_create_time=process_create_time(child.pid))
     return_code = _wait_child(child, stop)
-    _record_exit(store, run_id, return_code, stop.requested)
+    _record_exit(store, run_id, return_code, stop.requested, oom_kills_before)
     if isinstance(child, standby.StandbyTrainer):
         # This run used up the standby that someone started (the app does): leave its
         # successor. A run from a terminal with no standby leaves no daemon behind.
@@ -112,8 +120,11 @@ def _wait_child(child, stop: StopFlag) -> int:
             child.kill()
 
 
-def _record_exit(store: Store, run_id: str, return_code: int, stop_requested: bool) -> None:
-    """The trainer writes its own final status; this covers the ways it can fail to."""
+def _record_exit(store: Store, run_id: str, return_code: int, stop_requested: bool,
+                 oom_kills_before: int | None = None) -> None:
+    """The trainer writes its own final status; this covers the ways it can fail to, in
+    words from evidence: the OOM killer only when the cgroup says so, a full disk when the
+    trainer's last output says so."""
     run = store.get_run(run_id)
     if run.status not in ACTIVE_STATUSES:
         return
@@ -123,12 +134,13 @@ def _record_exit(store: Store, run_id: str, return_code: int, stop_requested: bo
     elif return_code < 0:
         sig = -return_code
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        hint = " (the kernel's OOM killer or a memory cap?)" if sig == signal.SIGKILL else ""
+        hint = sigkill_cause(oom_kills_before) if sig == signal.SIGKILL else ""
         store.set_status(run_id, FAILED,
                          f"worker exited with signal {sig} ({name}) at step {step}{hint}")
     else:
-        store.set_status(run_id, FAILED,
-                         f"worker exited with code {return_code} at step {step}; see worker.log")
+        storage = storage_problem_in(read_log_tail(run_id, store, 4000))
+        store.set_status(run_id, FAILED, f"worker exited with code {return_code} at step {step}"
+                         + (f": {storage}" if storage else "; see worker.log"))
 
 
 def main(argv: list[str] | None = None) -> int:

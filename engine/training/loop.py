@@ -229,6 +229,8 @@ class ProfilerWindow:
         if self.enabled and phase == PROFILE and self.prof is None and self.trace_path is None:
             from torch.profiler import ProfilerActivity, profile
 
+            # runs/<id>/ deleted under a running trainer: write the window's files anyway.
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             activities = [ProfilerActivity.CPU]
             self.stack = contextlib.ExitStack()
             if self.device.type == "cuda":
@@ -264,6 +266,7 @@ class ProfilerWindow:
         self.stack.close()
         if self.gpm_thread is not None:
             self.gpm_thread.join(timeout=5.0)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # deleted during the window
         plain = self.run_dir / "trace.json"
         prof.export_chrome_trace(str(plain))
         self.trace_path = self.run_dir / TRACE_FILENAME
@@ -361,6 +364,7 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
         loss, grad_norm = trainer.step(step, want_grad_norm=is_log_step)
         if sampled:
+            run_dir.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
             probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it
         if scaler is not None:
             skipped_total += (~torch.isfinite(grad_norm)).to(torch.int64)  # device-side count
