@@ -37,9 +37,10 @@ from engine.cluster.sweep import (
     sweep_view,
     wait_sweep,
 )
+from engine.config import ConfigError
 from engine.proc import is_alive
 from engine.run.launcher import stop  # noqa: E402
-from engine.schema import FAILED, FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED, SWEEP_RAY
+from engine.schema import FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_RAY
 from engine.store import Store
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -243,21 +244,17 @@ def _pid_running(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_an_address_that_is_not_a_ray_head_fails_the_sweep_with_the_reason(lab):
+def test_an_address_that_is_not_a_ray_head_is_refused_before_any_sweep_exists(lab):
     with socket.socket() as listener:  # accepts connections, never speaks Ray's protocol
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        sweep_id = create_sweep(LONG, lab, ray_address=address,
-                                ray_options=RayOptions(connect_timeout_s=3.0))
-        view = wait_sweep(lab, sweep_id, timeout_s=60)
-    (run,) = view.runs
-    assert view.status == SWEEP_FAILED and run.status == FAILED
-    assert run.reason.startswith(f"no Ray cluster answered at {address} within 3 s")
-    assert lab.get_sweep(sweep_id).reason == run.reason
-    sweep = lab.get_sweep(sweep_id)
-    wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 10, interval_s=0.2,
-             message="the driver to exit")
+        sweeps_before = len(lab.list_sweeps())
+        with pytest.raises(ConfigError) as info:
+            create_sweep(LONG, lab, ray_address=address,
+                         ray_options=RayOptions(connect_timeout_s=3.0))
+    assert f"{address} is not a Ray cluster (it did not answer gRPC" in str(info.value)
+    assert len(lab.list_sweeps()) == sweeps_before  # nothing created, no driver started
 
 
 # ---------------------------------------------------------------------------------------

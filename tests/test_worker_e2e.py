@@ -312,13 +312,15 @@ def test_a_run_whose_stored_config_does_not_parse_fails_with_that_reason_and_nev
 def test_a_run_directory_deleted_mid_run_is_recreated_and_the_run_finishes(store, wait_for):
     import shutil
 
-    cfg = short(60, profile=True, warmup_steps=25, log_interval=1)
+    # The profiler window comes after 3000 warm-up steps: seconds after the first rows.
+    cfg = short(3200, profile=True, warmup_steps=3000, log_interval=1)
     run_id = launch(cfg, store)
     wait_rows(store, run_id, wait_for, at_least=2)
-    shutil.rmtree(store.run_dir(run_id))  # before the profiler window (steps 26..29)
+    shutil.rmtree(store.run_dir(run_id))
+    assert store.metrics_count(run_id) < 3000, "the window may have passed already"
     run = wait_final(store, run_id, wait_for)
     assert run.status == FINISHED, run.reason
-    assert store.metrics_count(run_id) == 60
+    assert store.metrics_count(run_id) == 3200
     assert (store.run_dir(run_id) / "trace.json.gz").is_file()
     assert "profile_error" not in run.summary, run.summary.get("profile_error")
 

@@ -101,12 +101,16 @@ def speaks_grpc(host: str, port: int, timeout_s: float = RAY_PROBE_TIMEOUT_S) ->
     """True when host:port answers an HTTP/2 connection preface with a SETTINGS frame (a
     gRPC server, as a Ray head's GCS is); otherwise why not."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+        conn = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    with conn:
+        try:
             conn.settimeout(timeout_s)
             conn.sendall(_H2_PREFACE)
             reply = conn.recv(64)
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
+        except OSError:  # connected, but no answer to gRPC's preface in time
+            return f"it did not answer gRPC within {timeout_s:g} s"
     if len(reply) >= 9 and reply[3] == 0x04:
         return True
     return "it does not speak gRPC" if reply else "it closed the connection without a word"
@@ -132,7 +136,7 @@ def ray_problem(address: str) -> str | None:
     answer = speaks_grpc(host.strip("[]"), int(port))
     if answer is True:
         return None
-    if "not speak gRPC" in str(answer) or "without a word" in str(answer):
+    if any(words in str(answer) for words in ("gRPC", "without a word")):
         return (f"{address} is not a Ray cluster ({answer}); give the head's GCS port "
                 "(6379 by default)")
     return (f"cannot reach the Ray cluster at {address} ({answer}); start its head with "
