@@ -139,6 +139,14 @@ def cgroup_oom_kills(pid: int | str = "self") -> int | None:
     return None
 
 
+def signal_name(sig: int) -> str:
+    """SIGKILL for 9; the number itself for a signal Python does not name."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
 def sigkill_cause(oom_kills_before: int | None) -> str:
     """What a SIGKILL's reason may add, from evidence only: the OOM killer when the
     cgroup's count rose, nothing when it cannot be told."""

@@ -48,7 +48,7 @@ def _cached_store(home: str | None) -> Store:
 
     store = Store(home)
     # A trainer with PyTorch already loaded, ready for the first launch from this server
-    # (each run's supervisor leaves a new one when the run ends). Off with
+    # (a run that used it leaves a successor when it ends). Off with
     # PRECISION_LAB_STANDBY=0.
     try:
         standby.ensure(store)

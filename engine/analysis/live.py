@@ -7,6 +7,7 @@ before the first steady step, the latest three rows, so the tiles are never empt
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,8 +78,6 @@ def no_progress_s(store, run, now: float | None = None) -> float | None:
     """Seconds since a running run last logged a step (or started, before its first),
     when that is more than STALL_AFTER_S; None otherwise. A paused trainer (SIGSTOP), a
     hung device or a very long first step shows here instead of a silent queue."""
-    import time  # only for this check
-
     if run.status != "running" or run.started_at is None:
         return None
     last = store.last_metric(run.id)

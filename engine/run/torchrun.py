@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine.proc import process_create_time, sigkill_cause
+from engine.proc import process_create_time, signal_name
 from engine.run.ranks import (
     ranks_dir,
     read_json,
@@ -193,20 +193,13 @@ def failure_reason(exits: list[RankExit], errors: dict[int, dict[str, Any]],
 
 
 def _signal_reason(rank: int, sig: int, step: int) -> str:
-    hint = sigkill_cause(None) if sig == signal.SIGKILL else ""  # no evidence here: no guess
-    return f"rank {rank} exited with signal {sig} ({_signal_name(sig)}) at step {step}{hint}"
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
+    # No OOM guess: the agent has no evidence of which process the kernel killed.
+    return f"rank {rank} exited with signal {sig} ({signal_name(sig)}) at step {step}"
 
 
 def _exit_words(return_code: int) -> str:
     if return_code < 0:
-        return f"exited with signal {-return_code} ({_signal_name(-return_code)})"
+        return f"exited with signal {-return_code} ({signal_name(-return_code)})"
     return f"exited with code {return_code}"
 
 

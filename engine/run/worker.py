@@ -24,6 +24,7 @@ from engine.proc import (
     memory_cap,
     process_create_time,
     sigkill_cause,
+    signal_name,
     storage_problem_in,
 )
 from engine.run import standby
@@ -133,10 +134,9 @@ def _record_exit(store: Store, run_id: str, return_code: int, stop_requested: bo
         store.set_status(run_id, STOPPED, f"stopped by request at step {step}")
     elif return_code < 0:
         sig = -return_code
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         hint = sigkill_cause(oom_kills_before) if sig == signal.SIGKILL else ""
-        store.set_status(run_id, FAILED,
-                         f"worker exited with signal {sig} ({name}) at step {step}{hint}")
+        store.set_status(run_id, FAILED, f"worker exited with signal {sig} ({signal_name(sig)}) "
+                                         f"at step {step}{hint}")
     else:
         storage = storage_problem_in(read_log_tail(run_id, store, 4000))
         store.set_status(run_id, FAILED, f"worker exited with code {return_code} at step {step}"
