@@ -266,8 +266,8 @@ def test_mangled_cutlass_conv_is_a_tf32_tensor_core_conv():
 
 def test_closed_sets():
     assert KERNEL_CATEGORIES == ("gemm", "conv", "attention", "elementwise", "reduction/norm",
-                                 "softmax", "memcpy/memset", "communication", "optimizer",
-                                 "other")
+                                 "softmax", "copy kernel", "memcpy/memset", "communication",
+                                 "optimizer", "other")
     assert MATRIX_CATEGORIES == ("gemm", "conv", "attention")
 
 

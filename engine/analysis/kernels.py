@@ -26,9 +26,12 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+# "memcpy/memset" is the copy engine's own events (Memcpy HtoD ..., Memset (Device)),
+# "copy kernel" a kernel that copies, fills or transposes on the SMs: the first is DMA
+# the step may overlap, the second competes with compute kernels for the GPU.
 KERNEL_CATEGORIES = (
     "gemm", "conv", "attention", "elementwise", "reduction/norm", "softmax",
-    "memcpy/memset", "communication", "optimizer", "other",
+    "copy kernel", "memcpy/memset", "communication", "optimizer", "other",
 )
 MATRIX_CATEGORIES = ("gemm", "conv", "attention")
 
@@ -103,7 +106,7 @@ _DTYPE_PATTERNS = tuple((dtype, re.compile(pattern)) for dtype, pattern in (
     ("fp4", r"e2m1|fp4|nvf4|mxf4"),
     ("int8", r"int8|(?<![a-z0-9])[ius]8(?![0-9])|s8s8|imma|i8816|i16832"),
     ("tf32", r"tf32|tfloat32"),
-    ("bf16", r"bf16|bfloat16"),
+    ("bf16", r"bf16|bfloat16|bhalf"),
     ("fp16", r"(?<!b)f16|fp16|half|(?<![a-z0-9])h(?:884|1688|16816|16832|gemm|cudnn)"),
     ("fp64", r"f64|fp64|double|dgemm|dmma"),
     ("complex64", r"(?<![a-z])g?cgemm|complex"),
@@ -144,7 +147,9 @@ def _first_dtype_in(text: str) -> str | None:
 # Order matters: helpers before the families they accompany, specific families before
 # generic tokens, and "no matrix token" last.
 
-_MEMCPY_EVENT = re.compile(r"^(?:memcpy|memset)\b|cudamemcpy|cudamemset")
+# Copy-engine event names as Kineto writes them ("Memcpy HtoD (Pageable -> Device)",
+# "Memset (Device)"): engine.analysis.traces reads those events apart from kernels.
+_MEMCPY_EVENT = re.compile(r"^(?:memcpy|memset)\b|cudamemcpy|cudamemset|hipmemcpy|hipmemset")
 _COMMUNICATION = re.compile(
     r"nccl|nvshmem|multimem_all_?reduce|cross_device_reduce|custom_?all_?reduce"
     r"|(?<![a-z])(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv)|userbuffers")
@@ -160,6 +165,56 @@ def _rule_transfer_and_comm(name: str, text: str) -> KernelVerdict | None:
     return None
 
 
+# --- AMD (ROCm) ---------------------------------------------------------------------------
+# hipBLASLt / rocBLAS GEMMs are Tensile kernels: Cijk_<layout>_<types>_..._MT<tile>_MI<m>x<n>x
+# <k>[x<b>]_... where the MI token is the MFMA (matrix-core) instruction; without it the kernel
+# runs on the vector ALUs. Types: S fp32, D fp64, H fp16, B bf16, I8 int8, F8 fp8 (the first
+# letters are A/B inputs). Composable Kernel: xdl / xdlops / wmma families use the matrix
+# cores; MIOpen's igemm "gtcx" convolutions are its xdlops builds.
+
+_TENSILE = re.compile(r"^cijk_[a-z]+_[a-z]+_(?P<types>[a-z0-9]+?)_")
+_TENSILE_MFMA = re.compile(r"_mi(?P<shape>\d+x\d+x\d+(?:x\d+)?)(?:_|$)")
+_TENSILE_TYPES = (("f8", "fp8"), ("i8", "int8"), ("b", "bf16"), ("h", "fp16"),
+                  ("x", "tf32"), ("d", "fp64"), ("s", "fp32"))
+_CK_MFMA = re.compile(r"(?:ck|ck_tile)::\w*?(?P<token>xdl\w*|wmma\w*|fmha\w*)")
+_MIOPEN_XDLOPS = re.compile(r"igemm_(?:fwd|bwd|wrw)_gtcx\w*")
+_MIOPEN_VALU = re.compile(r"miopensp\d+asmconv\w*|naive_conv\w*|miopenconv\w*|gridwise_convolution\w*")
+
+
+def _tensile_dtype(types: str) -> str | None:
+    for token, dtype in _TENSILE_TYPES:
+        if types.startswith(token):
+            return dtype
+    return None
+
+
+def _rule_amd(name: str, text: str) -> KernelVerdict | None:
+    match = _TENSILE.match(text)
+    if match:
+        dtype = _tensile_dtype(match.group("types"))
+        mfma = _TENSILE_MFMA.search(text)
+        if mfma:
+            return _yes("gemm", dtype, f"Tensile (hipBLASLt/rocBLAS) GEMM with MFMA token "
+                                       f"'MI{mfma.group('shape')}' (AMD matrix cores)")
+        return _no("gemm", dtype, "Tensile (hipBLASLt/rocBLAS) GEMM without an MFMA 'MI' "
+                                  "token: vector-ALU FMA")
+    match = _CK_MFMA.search(text)
+    if match:
+        token = match.group("token")
+        category = "attention" if "fmha" in token else (
+            "conv" if _CONV_HINT.search(text) else "gemm")
+        return _yes(category, _dtype_in(text), f"Composable Kernel '{token}' (MFMA/WMMA on AMD "
+                                               "matrix cores)")
+    match = _MIOPEN_XDLOPS.search(text)
+    if match:
+        return _yes("conv", _dtype_in(text), f"MIOpen '{match.group()}': xdlops implicit GEMM "
+                                             "(AMD matrix cores)")
+    match = _MIOPEN_VALU.search(text)
+    if match:
+        return _no("conv", _dtype_in(text), f"MIOpen '{match.group()}': vector-ALU convolution")
+    return None
+
+
 # Kernels that run beside a tensor-core GEMM/conv/attention but do not multiply matrices
 # themselves. Classed outside the matrix categories so a tensor-core op is not reported as
 # "ran without Tensor Cores" because of its split-K reduction.
@@ -169,13 +224,13 @@ _HELPERS = (
                 r"|prepare_varlen|paged_attention_v\d_reduce|mergestates|merge_attn_states"),
      "attention", "attention helper (combine / preprocess / convert), no MMA"),
     (re.compile(r"reshape_and_cache|concat_and_cache|copy_blocks|swap_blocks|copy_page"),
-     "memcpy/memset", "KV-cache / page copy"),
+     "copy kernel", "KV-cache / page copy"),
     (re.compile(r"splitkreduce|reducesplitk|split_k_reduce|splitk_reduce|reduce_wgrad"),
      "reduction/norm", "split-K reduction after a GEMM/conv (CUDA cores)"),
     (re.compile(r"cudnn\w*::compute\w*kernel"),
      "other", "cuDNN offset computation helper (CUDA cores)"),
     (re.compile(r"nchwtonhwc|nhwctonchw|transpose_readwrite|transpose_kernel"),
-     "memcpy/memset", "layout transform (CUDA cores)"),
+     "copy kernel", "layout transform (CUDA cores)"),
     (re.compile(r"epilogue::impl|scalepackedtensor|(?<![a-z])scal_kernel|axpy_kernel"),
      "elementwise", "BLAS/cuDNN elementwise helper (CUDA cores)"),
 )
@@ -559,7 +614,7 @@ _CONTENT_CATEGORIES = tuple((category, re.compile(pattern)) for category, patter
     ("reduction/norm", r"norm(?!al)|moments|welford|bn_fw|bn_bw|batchnorm|gammabeta"
                        r"|reduce_kernel|reduceop|argmax|argmin|max_pool|avg_pool|adaptive_\w*pool"
                        r"|pooling|nll|criterion|loss|cross_entropy"),
-    ("memcpy/memset", r"copy|fill|catarray|cat_array|concat|transpose|permute|memcpy|memset"),
+    ("copy kernel", r"copy|fill|catarray|cat_array|concat|transpose|permute|memcpy|memset"),
     ("elementwise", r"elementwise|functor|vectorized|unrolled|dropout|distribution|rotary|rope"),
     ("other", r"routing|(?<![a-z])moe|sort|topk|embedding|index|gather|scatter|histogram"
               r"|bucketize|bounds_check|offsets_range"),
@@ -595,6 +650,7 @@ def _rule_matrix_hint(name: str, text: str) -> KernelVerdict | None:
 
 _RULES = (
     _rule_transfer_and_comm,
+    _rule_amd,
     _rule_helpers,
     _rule_triton,
     _rule_attention,

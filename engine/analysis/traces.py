@@ -14,10 +14,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import re
 import zlib
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import pandas as pd
@@ -26,8 +28,15 @@ from engine.analysis.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES, classi
 from engine.hardware.gpus import compute_capability_from_name
 
 KERNEL_EVENT_CATEGORIES = frozenset({"kernel", "Kernel"})
+# Copy-engine transfers and fills: a GPU activity of their own, not kernels (old schema:
+# "Memcpy"/"Memset"). Kineto records bytes in args; the direction is in the name.
+COPY_EVENT_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 LAUNCH_EVENT_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 CPU_OP_EVENT_CATEGORIES = frozenset({"cpu_op", "Operator"})
+# record_function spans on the CPU side: profiler steps, the DataLoader, the optimizer.
+ANNOTATION_EVENT_CATEGORIES = frozenset({"user_annotation"})
+SPAN_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#",
+                 "Optimizer.zero_grad#")
 
 TABLE_COLUMNS = ("name", "dur_us", "ts_us", "stream", "device", "correlation", "external_id",
                  "cpu_op", "category", "tensor_core", "dtype", "reason")
@@ -47,11 +56,25 @@ class _Kernel(tuple):
 
 
 class _Launch(tuple):
-    """(correlation, external_id, ts_us, pid, tid)"""
+    """(correlation, external_id, ts_us, pid, tid, name, dur_us)"""
 
 
 class _CpuOp(tuple):
     """(name, ts_us, end_us, pid, tid, external_id)"""
+
+
+class _Copy(tuple):
+    """(name, ts_us, dur_us, stream, device, bytes, kind) of a copy-engine event;
+    kind is "memcpy" or "memset"."""
+
+
+class _Span(tuple):
+    """(name, ts_us, end_us, pid, tid) of a record_function span (ProfilerStep#N, ...)."""
+
+
+class _BadDuration(tuple):
+    """(kind, "negative" | "missing"): a GPU activity or CPU op whose duration or start
+    is missing, not a number or negative: a defect of the trace, left out of every sum."""
 
 
 def _arg(args: dict, *keys: str) -> Any:
@@ -95,25 +118,60 @@ def _compact_event(obj: dict) -> Any:
         if not isinstance(name, str) or not _scalars(obj.get("pid"), obj.get("tid"), correlation,
                                                      external, device):
             return _Malformed(("kernel",))
-        return _Kernel((name, _number(obj.get("ts")), _number(obj.get("dur")),
-                        obj.get("pid"), obj.get("tid"), correlation, external,
-                        _stream(args, obj.get("tid")), device))
+        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
+        if ts_us is None or dur_us is None or dur_us < 0:
+            return _BadDuration(("kernel", "negative" if dur_us is not None and dur_us < 0
+                                 else "missing"))
+        return _Kernel((name, ts_us, dur_us, obj.get("pid"), obj.get("tid"), correlation,
+                        external, _stream(args, obj.get("tid")), device))
+    if category in COPY_EVENT_CATEGORIES:
+        return _copy_event(obj, category)
+    if category in ANNOTATION_EVENT_CATEGORIES:
+        name = obj.get("name")
+        if not isinstance(name, str) or not name.startswith(SPAN_PREFIXES):
+            return None
+        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
+        if ts_us is None or dur_us is None or dur_us < 0:
+            return _BadDuration(("annotation", "negative" if dur_us is not None and dur_us < 0
+                                 else "missing"))
+        return _Span((name, ts_us, ts_us + dur_us, obj.get("pid"), obj.get("tid")))
     if category in LAUNCH_EVENT_CATEGORIES:
         args = _args(obj)
         correlation, external = _arg(args, "correlation"), _arg(args, "External id", "external id")
+        name = obj.get("name")
         if not _scalars(correlation, external, obj.get("pid"), obj.get("tid")):
             return _Malformed(("launch",))
+        dur_us = _time(obj.get("dur"))
         return _Launch((correlation, external, _number(obj.get("ts")), obj.get("pid"),
-                        obj.get("tid")))
+                        obj.get("tid"), name if isinstance(name, str) else "",
+                        dur_us if dur_us is not None and dur_us >= 0 else 0.0))
     if category in CPU_OP_EVENT_CATEGORIES:
         args = _args(obj)
         name, external = obj.get("name") or "", _arg(args, "External id", "external id")
         if not isinstance(name, str) or not _scalars(external, obj.get("pid"), obj.get("tid")):
             return _Malformed(("cpu op",))
-        ts_us = _number(obj.get("ts"))
-        return _CpuOp((name, ts_us, ts_us + _number(obj.get("dur")),
-                       obj.get("pid"), obj.get("tid"), external))
+        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
+        if ts_us is None or dur_us is None or dur_us < 0:
+            return _BadDuration(("cpu op", "negative" if dur_us is not None and dur_us < 0
+                                 else "missing"))
+        return _CpuOp((name, ts_us, ts_us + dur_us, obj.get("pid"), obj.get("tid"), external))
     return None
+
+
+def _copy_event(obj: dict, category: str) -> Any:
+    args = _args(obj)
+    name, device = obj.get("name") or "", _arg(args, "device")
+    size = args.get("bytes")
+    if not isinstance(name, str) or not _scalars(obj.get("pid"), obj.get("tid"), device, size):
+        return _Malformed(("copy",))
+    ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
+    if ts_us is None or dur_us is None or dur_us < 0:
+        return _BadDuration(("copy", "negative" if dur_us is not None and dur_us < 0
+                             else "missing"))
+    kind = "memset" if "memset" in category.lower() else "memcpy"
+    size = _time(size)
+    return _Copy((name, ts_us, dur_us, _stream(args, obj.get("tid")), device,
+                  int(size) if size is not None and size >= 0 else None, kind))
 
 
 def _number(value: Any) -> float:
@@ -121,6 +179,19 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
+
+
+def _time(value: Any) -> float | None:
+    """A timestamp or duration in us, kept fractional (Kineto writes ns precision as
+    fractional us; rounding them shifts short kernels by up to 18 %); None when missing,
+    not a number, or not finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _stream(args: dict, tid: Any) -> int | None:
@@ -322,28 +393,45 @@ def _encloses(op: _CpuOp, launch: _Launch) -> bool:
 # ---------------------------------------------------------------------------------------
 # device
 
-def _device_from_properties(properties: list[dict], kernels: list[_Kernel]
-                            ) -> tuple[str | None, str | None]:
-    """-> (name, compute capability) of the GPU the kernels ran on (most kernels' device)."""
+_AMD_NAMES = re.compile(r"\bAMD\b|Radeon|Instinct|(?<![A-Za-z])MI\d{2,3}[A-Z]?\b")
+_AMD_KERNELS = re.compile(r"^Cijk_|ck::|ck_tile::|rocblas|hipblaslt|miopen|igemm_\w*gtc")
+
+
+def _device_from_properties(properties: list[dict], kernels: list[_Kernel]) -> dict:
+    """-> {name, compute_capability, vendor, arch} of the GPU the kernels ran on (most
+    kernels' device). vendor is "nvidia", "amd" or None; an AMD GPU never gets an NVIDIA
+    compute capability (HIP reports gfx942 as "9.4", which is no sm90)."""
     counts: dict[Any, int] = defaultdict(int)
     for kernel in kernels:
         counts[kernel[8]] += 1
     device_index = max(counts, key=counts.get) if counts else None
-    chosen = None
-    for entry in properties:
-        if isinstance(entry, dict) and entry.get("id") == device_index:
-            chosen = entry
-            break
-    if chosen is None and properties and isinstance(properties[0], dict):
-        chosen = properties[0]
-    if chosen is None:
-        return None, None
-    name = chosen.get("name") if isinstance(chosen.get("name"), str) else None
-    major, minor = chosen.get("computeMajor"), chosen.get("computeMinor")
-    if not (isinstance(major, int) and isinstance(minor, int)):  # crafted or missing
-        major = minor = None
-    capability = f"{major}.{minor}" if major is not None and minor is not None else None
-    return name, capability or compute_capability_from_name(name)
+    chosen = next((entry for entry in properties if entry.get("id") == device_index),
+                  properties[0] if properties else None)
+    name = chosen.get("name") if chosen and isinstance(chosen.get("name"), str) else None
+    vendor = _vendor(chosen or {}, name, kernels)
+    arch = chosen.get("gcnArchName") if chosen else None
+    arch = arch.split(":", 1)[0] if isinstance(arch, str) and arch else None
+    if vendor == "amd":
+        return {"name": name, "compute_capability": None, "vendor": vendor, "arch": arch}
+    major, minor = (chosen.get("computeMajor"), chosen.get("computeMinor")) if chosen else (None, None)
+    if not (isinstance(major, int) and isinstance(minor, int)) or isinstance(major, bool):
+        major = minor = None  # crafted or missing
+    capability = f"{major}.{minor}" if major is not None else None
+    return {"name": name, "compute_capability": capability or compute_capability_from_name(name),
+            "vendor": vendor, "arch": None}
+
+
+def _vendor(entry: dict, name: str | None, kernels: list[_Kernel]) -> str | None:
+    """From the device properties (ROCm traces name an AMD GPU and carry gcnArchName),
+    else from library kernel names only AMD's stack emits."""
+    if "gcnArchName" in entry or (name and _AMD_NAMES.search(name)):
+        return "amd"
+    if name or isinstance(entry.get("computeMajor"), int):
+        return "nvidia"
+    for kernel in kernels[:2000]:
+        if _AMD_KERNELS.search(kernel[0]):
+            return "amd"
+    return "nvidia" if kernels else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,34 +442,81 @@ def _empty_table() -> pd.DataFrame:
         {"dur_us": "float64", "ts_us": "float64"})
 
 
-def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.DataFrame:
-    """One row per GPU kernel event, classified. Columns: TABLE_COLUMNS.
+@dataclass
+class ParsedTrace:
+    """One parse of a trace file: the classified kernel table plus what the time
+    accounting needs (copy-engine events, record_function spans, CPU ops, runtime calls)
+    and the trace's defects. Build it once with load_trace and pass it around: a 100 MB
+    trace is not parsed twice."""
 
-    `table.attrs` carries source, device (name), compute_capability. Raises ValueError
-    naming the file when it cannot be read or is not a profiler trace.
-    """
+    source: str
+    table: pd.DataFrame
+    copies: list = field(default_factory=list)      # _Copy
+    spans: list = field(default_factory=list)       # _Span
+    cpu_ops: list = field(default_factory=list)     # _CpuOp
+    launches: list = field(default_factory=list)    # _Launch
+    defects: dict = field(default_factory=dict)     # {"negative_duration": n, ...}
+
+    @property
+    def is_gpu(self) -> bool:
+        return not self.table.empty or bool(self.copies)
+
+
+def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
+    """Parse a trace once. Raises ValueError naming the file when it cannot be read or is
+    not a profiler trace."""
     events, properties = _parse_trace(path_or_fileobj)
     kernels: list[_Kernel] = []
     launches: dict[Any, _Launch] = {}
+    all_launches: list[_Launch] = []
     ops: list[_CpuOp] = []
-    malformed = 0
+    copies: list[_Copy] = []
+    spans: list[_Span] = []
+    defects = {"malformed_events": 0, "negative_duration": 0, "missing_duration": 0}
     for event in events:
         kind = type(event)
         if kind is _Kernel:
             kernels.append(event)
-        elif kind is _Launch and event[0] is not None:
-            launches[event[0]] = event
+        elif kind is _Launch:
+            all_launches.append(event)
+            if event[0] is not None:
+                launches[event[0]] = event
         elif kind is _CpuOp:
             ops.append(event)
+            if event[0].startswith(SPAN_PREFIXES):  # old schema: ProfilerStep is an op
+                spans.append(_Span(event[:5]))
+        elif kind is _Copy:
+            copies.append(event)
+        elif kind is _Span:
+            spans.append(event)
         elif kind is _Malformed:
-            malformed += 1
+            defects["malformed_events"] += 1
+        elif kind is _BadDuration:
+            defects[f"{event[1]}_duration"] += 1
     del events
-    device, capability = _device_from_properties(
-        [entry for entry in properties if isinstance(entry, dict)], kernels)
+    entries = [entry for entry in properties if isinstance(entry, dict)]
+    device = _device_from_properties(entries, kernels)
     table = _build_table(kernels, launches, ops)
-    table.attrs.update(source=_source_name(path_or_fileobj), device=device,
-                       compute_capability=capability, malformed_events=malformed)
-    return table
+    source = _source_name(path_or_fileobj)
+    table.attrs.update(source=source, device=device["name"],
+                       compute_capability=device["compute_capability"],
+                       vendor=device["vendor"], arch=device["arch"],
+                       malformed_events=defects["malformed_events"],
+                       bad_duration_events=defects["negative_duration"]
+                       + defects["missing_duration"])
+    return ParsedTrace(source=source, table=table, copies=copies, spans=spans, cpu_ops=ops,
+                       launches=all_launches, defects=defects)
+
+
+def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.DataFrame:
+    """One row per GPU kernel event, classified. Columns: TABLE_COLUMNS.
+
+    `table.attrs` carries source, device (name), compute_capability, vendor, arch and the
+    defect counts. Raises ValueError naming the file when it cannot be read or is not a
+    profiler trace. Kernels whose duration is missing or negative are left out (counted in
+    attrs["bad_duration_events"]).
+    """
+    return load_trace(path_or_fileobj).table
 
 
 def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> pd.DataFrame:
@@ -451,9 +586,13 @@ def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
     """JSON-serialisable summary of a kernel table: totals, Tensor-Core shares, categories,
     top kernels, per-op attribution, ops that could have used Tensor Cores, and a verdict."""
     device = device or table.attrs.get("device")
-    capability = table.attrs.get("compute_capability") or compute_capability_from_name(device)
-    if device and device != table.attrs.get("device"):
-        capability = compute_capability_from_name(device) or capability
+    vendor = table.attrs.get("vendor")
+    if vendor == "amd":  # no NVIDIA compute capability for an AMD GPU, whatever its name
+        capability = None
+    else:
+        capability = table.attrs.get("compute_capability") or compute_capability_from_name(device)
+        if device and device != table.attrs.get("device"):
+            capability = compute_capability_from_name(device) or capability
     dur = table["dur_us"].astype("float64")
     on_tc = table["tensor_core"] == "yes"
     is_matrix = table["category"].isin(MATRIX_CATEGORIES)
@@ -462,6 +601,8 @@ def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
     categories = table.groupby("category")["dur_us"].sum()
     result = {
         "device": device,
+        "vendor": vendor,
+        "arch": table.attrs.get("arch"),
         "compute_capability": capability,
         "kernel_count": int(len(table)),
         "total_kernel_us": _us(total_us),
@@ -477,7 +618,7 @@ def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
         "per_op": per_op(table),
     }
     result["could_have_didnt"] = could_have_didnt(table, device, capability)
-    result["verdict"] = _verdict(table, result, device, capability)
+    result["verdict"] = _verdict(table, device, capability, vendor)
     return result
 
 
@@ -657,8 +798,22 @@ def _dtype_words(rows: pd.DataFrame) -> str:
     return "/".join(by_dtype.sort_values(ascending=False).index[:2])
 
 
-def _verdict(table: pd.DataFrame, summary: dict, device: str | None,
-             capability: str | None) -> dict:
+@dataclass(frozen=True)
+class _UnitWords:
+    unit: str          # "Tensor Cores"
+    kernels: str       # "tensor-core kernels"
+    elsewhere: str     # "on CUDA cores"
+
+
+_NVIDIA_WORDS = _UnitWords("Tensor Cores", "tensor-core kernels", "on CUDA cores")
+# AMD's matrix units are "Matrix Cores" (MFMA instructions on CDNA); the evidence is the
+# Tensile MI token and Composable Kernel's xdl/wmma families (engine.analysis.kernels).
+_AMD_WORDS = _UnitWords("Matrix Cores (AMD MFMA)", "matrix-core kernels", "on the vector ALUs")
+
+
+def _verdict(table: pd.DataFrame, device: str | None, capability: str | None,
+             vendor: str | None = None) -> dict:
+    words = _AMD_WORDS if vendor == "amd" else _NVIDIA_WORDS
     if table.empty:
         return {"tensor_cores": "unknown", "evidence": [],
                 "headline": "No GPU kernels in this trace: a CPU-only run, or the profiler "
@@ -666,8 +821,11 @@ def _verdict(table: pd.DataFrame, summary: dict, device: str | None,
     matrix = table[table["category"].isin(MATRIX_CATEGORIES)]
     if matrix.empty:
         return {"tensor_cores": "unknown", "evidence": [],
-                "headline": "Tensor Cores: unknown, no GEMM/conv/attention kernels in this trace"}
+                "headline": f"{words.unit}: unknown, no GEMM/conv/attention kernels in this trace"}
     matrix_us = float(matrix["dur_us"].sum())
+    if matrix_us <= 0:
+        return {"tensor_cores": "unknown", "evidence": _top_names(matrix),
+                "headline": f"{words.unit}: unknown, the matrix kernels have no duration"}
     yes_rows = matrix[matrix["tensor_core"] == "yes"]
     no_rows = matrix[matrix["tensor_core"] == "no"]
     unknown_rows = matrix[matrix["tensor_core"] == "unknown"]
@@ -675,32 +833,47 @@ def _verdict(table: pd.DataFrame, summary: dict, device: str | None,
     no_share = float(no_rows["dur_us"].sum()) / matrix_us
     unknown_share = float(unknown_rows["dur_us"].sum()) / matrix_us
     if unknown_share > yes_share + no_share:
+        why = ("kernels whose names do not say (e.g. Triton)" if vendor != "amd" else
+               "kernels whose names do not say; matrix-core verdicts on AMD are read from "
+               "hipBLASLt/rocBLAS (Tensile MI tokens) and Composable Kernel names only")
         return {"tensor_cores": "unknown", "evidence": _top_names(unknown_rows),
-                "headline": f"Tensor Cores: unknown, {_pct(unknown_share)} of matrix time is in "
-                            "kernels whose names do not say (e.g. Triton)"}
+                "headline": f"{words.unit}: unknown, {share_text(unknown_share)} of matrix time "
+                            f"is in {why}"}
     if yes_share >= YES_SHARE:
         return {"tensor_cores": "yes", "evidence": _top_names(yes_rows),
-                "headline": f"Tensor Cores: yes, {_pct(yes_share)} of matrix time in "
-                            f"{_dtype_words(yes_rows)} tensor-core kernels"}
-    on_cuda_cores = ""
+                "headline": f"{words.unit}: yes, {share_text(yes_share)} of matrix time in "
+                            f"{_dtype_words(yes_rows)} {words.kernels}"}
+    elsewhere = ""
     if not no_rows.empty:
         example = _short_kernel_name(_top_names(no_rows, 1)[0])
-        on_cuda_cores = f"on CUDA cores ({_dtype_words(no_rows)}, e.g. {example})"
+        elsewhere = f"{words.elsewhere} ({_dtype_words(no_rows)}, e.g. {example})"
     if yes_share > 0:
-        rest = (f"{_pct(no_share)} {on_cuda_cores}" if not no_rows.empty else
-                f"{_pct(unknown_share)} in kernels whose names do not say")
+        rest = (f"{share_text(no_share)} {elsewhere}" if not no_rows.empty else
+                f"{share_text(unknown_share)} in kernels whose names do not say")
         return {"tensor_cores": "partly",
                 "evidence": _top_names(yes_rows, 2) + _top_names(no_rows, 2),
-                "headline": f"Tensor Cores: partly, {_pct(yes_share)} of matrix time in "
-                            f"{_dtype_words(yes_rows)} tensor-core kernels; {rest}"}
+                "headline": f"{words.unit}: partly, {share_text(yes_share)} of matrix time in "
+                            f"{_dtype_words(yes_rows)} {words.kernels}; {rest}"}
     hardware = _has_tensor_core_hardware(_capability_number(capability), table)
     why = f"; {device or 'this GPU'} has no Tensor Cores" if hardware is False else ""
     return {"tensor_cores": "no", "evidence": _top_names(no_rows),
-            "headline": f"Tensor Cores: no, {_pct(no_share)} of matrix time {on_cuda_cores}{why}"}
+            "headline": f"{words.unit}: no, {share_text(no_share)} of matrix time {elsewhere}{why}"}
 
 
-def _pct(share: float) -> str:
-    return f"{share * 100:.0f} %"
+def share_text(share: float) -> str:
+    """A share as a whole percentage, except that it never reads "100 %" or "0 %" when it
+    is not exactly that: 0.99978 -> "99.98 %", 0.0002 -> "0.02 %", 0.9999999 ->
+    "all but 0.0001 %". A verdict that says 100 % next to a listed fp32 matmul would be
+    wrong."""
+    if share >= 1.0 or share <= 0.0:
+        return f"{share * 100:.0f} %"
+    for digits in range(0, 5):
+        text = f"{share * 100:.{digits}f}"
+        if float(text) not in (0.0, 100.0):
+            return f"{text} %"
+    if share > 0.5:
+        return "all but 0.0001 %"
+    return "under 0.0001 %"
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,492 @@
+"""Where a profiler window's time went: GPU busy and idle, copies, communication and its
+overlap with compute, per stream and per profiler step; for CPU runs the same split from
+the CPU ops' self time. Pure analysis over engine.analysis.traces.ParsedTrace.
+
+Definitions (docs/precision-reference.md#time-accounting):
+- window: the span of the profiler steps (`ProfilerStep#N`, CPU side) when the trace has
+  them, else first event start .. last event end. GPU work outside it is clipped off.
+- busy_us: the union of kernel, memcpy and memset intervals over all streams; idle_us is
+  the rest of the window. Summed kernel time (`kernel_us`) counts overlapping streams
+  twice and is no wall time.
+- parts_us: the window split into PARTS, adding up exactly to window_us. An instant where
+  compute kernels run goes to them (shared between those running); communication counts
+  only where no compute runs (what is hidden under compute costs the step nothing), copy-
+  engine transfers only where neither runs; nothing running is idle.
+- a step's time is the window divided by the number of steps (ProfilerStep spans, else
+  `Optimizer.step#` spans, else 1).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from engine.analysis.traces import SPAN_PREFIXES, ParsedTrace, load_trace
+
+PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
+         "optimizer", "other", "idle")
+_KERNEL_PARTS = {"gemm": "matrix", "conv": "matrix", "attention": "attention",
+                 "elementwise": "elementwise", "reduction/norm": "normalisation",
+                 "softmax": "normalisation", "copy kernel": "copies", "memcpy/memset": "copies",
+                 "communication": "communication", "optimizer": "optimizer", "other": "other"}
+# Sweep priorities: 0 compute kernels, 1 communication kernels, 2 copy-engine events.
+_COMPUTE, _COMM, _COPY_ENGINE = 0, 1, 2
+_DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD)\b")
+_SYNC_CALLS = re.compile(r"(?:cuda|hip)(?:Device|Stream|Event)Synchronize|(?:cuda|hip)Memcpy(?!Async)"
+                         r"|(?:cuda|hip)StreamWaitEvent")
+SHORT_KERNEL_US = 10.0  # shorter than this, launch overhead (~5 us) is comparable
+
+
+def _us(value: float) -> float:
+    return round(float(value), 3)
+
+
+def _share(part: float, whole: float) -> float | None:
+    return round(float(part) / float(whole), 4) if whole > 0 else None
+
+
+# ---------------------------------------------------------------------------------------
+# window and steps
+
+def profiler_steps(trace: ParsedTrace) -> list[dict]:
+    """ProfilerStep#N spans (CPU side), one per step number, in order."""
+    by_number: dict[int, tuple[float, float]] = {}
+    for name, start, end, *_ in trace.spans:
+        if not name.startswith("ProfilerStep#"):
+            continue
+        try:
+            number = int(name.split("#", 1)[1])
+        except ValueError:
+            continue
+        known = by_number.get(number)
+        if known is None or end - start > known[1] - known[0]:
+            by_number[number] = (start, end)
+    return [{"step": n, "start_us": s, "end_us": e} for n, (s, e) in sorted(by_number.items())]
+
+
+def _event_span(trace: ParsedTrace) -> tuple[float, float] | None:
+    starts, ends = [], []
+    if not trace.table.empty:
+        starts.append(float(trace.table["ts_us"].min()))
+        ends.append(float((trace.table["ts_us"] + trace.table["dur_us"]).max()))
+    for items, start_at, end_of in ((trace.copies, 1, lambda c: c[1] + c[2]),
+                                    (trace.cpu_ops, 1, lambda o: o[2]),
+                                    (trace.spans, 1, lambda s: s[2])):
+        if items:
+            starts.append(min(item[start_at] for item in items))
+            ends.append(max(end_of(item) for item in items))
+    if not starts:
+        return None
+    return min(starts), max(ends)
+
+
+def _window(trace: ParsedTrace, step: int | None) -> dict:
+    steps = profiler_steps(trace)
+    if step is not None:
+        chosen = [s for s in steps if s["step"] == step]
+        if not chosen:
+            known = ", ".join(str(s["step"]) for s in steps) or "none"
+            raise ValueError(f"{trace.source}: no ProfilerStep#{step} in this trace "
+                             f"(steps recorded: {known})")
+        steps = chosen
+    if steps:
+        start, end = steps[0]["start_us"], steps[-1]["end_us"]
+        return {"source": "profiler steps", "start_us": start, "end_us": end,
+                "window_us": end - start, "step_count": len(steps), "steps": steps}
+    span = _event_span(trace)
+    start, end = span if span else (0.0, 0.0)
+    optimizer_steps = sum(1 for s in trace.spans if s[0].startswith("Optimizer.step#")
+                          and start <= s[1] <= end)
+    return {"source": "first to last event", "start_us": start, "end_us": end,
+            "window_us": end - start, "step_count": max(1, optimizer_steps), "steps": []}
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: one sweep over all activities gives unions, overlaps and the exclusive split
+
+def _activities(trace: ParsedTrace) -> list[tuple[float, float, str, int]]:
+    """(start, end, part, priority) of every kernel and copy-engine event."""
+    table = trace.table
+    items = []
+    if not table.empty:
+        ends = table["ts_us"] + table["dur_us"]
+        for start, end, category in zip(table["ts_us"].tolist(), ends.tolist(),
+                                        table["category"].tolist()):
+            part = _KERNEL_PARTS.get(category, "other")
+            items.append((start, end, part, _COMM if part == "communication" else _COMPUTE))
+    for copy in trace.copies:
+        items.append((copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE))
+    return items
+
+
+def _sweep(items: list[tuple[float, float, str, int]], lo: float, hi: float) -> dict:
+    """Unions, overlaps, exclusive part times and idle gaps of `items` within [lo, hi]."""
+    part_index = {part: i for i, part in enumerate(PARTS)}
+    points = []
+    for start, end, part, priority in items:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            points.append((start, 1, part_index[part], priority))
+            points.append((end, -1, part_index[part], priority))
+    points.sort(key=lambda p: (p[0], p[1]))  # ends before starts at the same instant
+    counts = [[0] * len(PARTS) for _ in range(3)]
+    totals = [0, 0, 0]
+    parts = [0.0] * len(PARTS)
+    sums = {"busy": 0.0, "compute": 0.0, "communication": 0.0, "copy": 0.0,
+            "overlap": 0.0, "copy_overlap": 0.0}
+    gaps: list[float] = []  # idle stretches between two busy ones
+    pending_gap, seen_busy = 0.0, False
+    previous = lo
+    for time_us, delta, part, priority in points + [(hi, 0, 0, 0)]:
+        segment = time_us - previous
+        if segment > 0:
+            if _account_segment(segment, counts, totals, parts, sums):
+                if seen_busy and pending_gap > 0:
+                    gaps.append(pending_gap)
+                seen_busy, pending_gap = True, 0.0
+            else:
+                pending_gap += segment
+        counts[priority][part] += delta
+        totals[priority] += delta
+        previous = max(previous, time_us)
+    parts[part_index["idle"]] = max(0.0, (hi - lo) - sums["busy"])
+    return {**sums, "parts": dict(zip(PARTS, parts)), "gaps": gaps}
+
+
+def _account_segment(segment, counts, totals, parts, sums) -> bool:
+    """Add one stretch with constant activity; False when nothing ran in it."""
+    compute, comm, copy = totals[_COMPUTE] > 0, totals[_COMM] > 0, totals[_COPY_ENGINE] > 0
+    if not (compute or comm or copy):
+        return False
+    sums["busy"] += segment
+    sums["compute"] += segment if compute else 0.0
+    sums["communication"] += segment if comm else 0.0
+    sums["copy"] += segment if copy else 0.0
+    sums["overlap"] += segment if compute and comm else 0.0
+    sums["copy_overlap"] += segment if copy and (compute or comm) else 0.0
+    priority = _COMPUTE if compute else (_COMM if comm else _COPY_ENGINE)
+    active = totals[priority]
+    for index, count in enumerate(counts[priority]):
+        if count:
+            parts[index] += segment * count / active
+    return True
+
+
+def _merged_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    total, current_end = 0.0, lo
+    for start, end in sorted(intervals):
+        start, end = max(start, current_end), min(end, hi)
+        if end > start:
+            total += end - start
+            current_end = end
+    return total
+
+
+def _stream_table(trace: ParsedTrace, lo: float, hi: float, window_us: float) -> list[dict]:
+    rows: dict[Any, dict] = defaultdict(lambda: {"kernel_count": 0, "kernel_us": 0.0,
+                                                 "memcpy_count": 0, "memcpy_us": 0.0,
+                                                 "memset_count": 0, "memset_us": 0.0,
+                                                 "intervals": []})
+    table = trace.table
+    if not table.empty:
+        for stream, start, dur in zip(table["stream"].tolist(), table["ts_us"].tolist(),
+                                      table["dur_us"].tolist()):
+            clipped = min(start + dur, hi) - max(start, lo)
+            if clipped > 0:
+                row = rows[int(stream) if isinstance(stream, int) else None]
+                row["kernel_count"] += 1
+                row["kernel_us"] += clipped
+                row["intervals"].append((start, start + dur))
+    for name, start, dur, stream, _device, _size, kind in trace.copies:
+        clipped = min(start + dur, hi) - max(start, lo)
+        if clipped > 0:
+            row = rows[stream]
+            row[f"{kind}_count"] += 1
+            row[f"{kind}_us"] += clipped
+            row["intervals"].append((start, start + dur))
+    result = []
+    for stream, row in sorted(rows.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        busy = _merged_length(row.pop("intervals"), lo, hi)
+        result.append({"stream": stream, **{k: (_us(v) if k.endswith("_us") else v)
+                                            for k, v in row.items()},
+                       "busy_us": _us(busy), "busy_share": _share(busy, window_us)})
+    return result
+
+
+def _copy_table(trace: ParsedTrace, lo: float, hi: float) -> list[dict]:
+    """Copy-engine events by direction: count, bytes, time and achieved GB/s."""
+    rows: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "us": 0.0,
+                                                 "bytes_known": True})
+    for name, start, dur, _stream, _device, size, kind in trace.copies:
+        if start + dur < lo or start > hi:
+            continue
+        match = _DIRECTION.search(name)
+        direction = "memset" if kind == "memset" else (match.group(1) if match else "other")
+        row = rows[direction]
+        row["count"] += 1
+        row["us"] += dur
+        if size is None:
+            row["bytes_known"] = False
+        else:
+            row["bytes"] += size
+    return [{"direction": direction, "count": row["count"],
+             "bytes": row["bytes"] if row["bytes_known"] else None, "us": _us(row["us"]),
+             # bytes per us is MB/s: / 1e3 for GB/s
+             "gb_per_s": round(row["bytes"] / row["us"] / 1e3, 3)
+             if row["bytes_known"] and row["us"] > 0 else None}
+            for direction, row in sorted(rows.items(), key=lambda kv: -kv[1]["us"])]
+
+
+def _spans_union(trace: ParsedTrace, prefix: str, lo: float, hi: float) -> float:
+    return _merged_length([(s[1], s[2]) for s in trace.spans if s[0].startswith(prefix)], lo, hi)
+
+
+def _sync_calls(trace: ParsedTrace, lo: float, hi: float) -> tuple[int, float]:
+    count, total = 0, 0.0
+    for launch in trace.launches:
+        if lo <= launch[2] <= hi and _SYNC_CALLS.search(launch[5]):
+            count += 1
+            total += launch[6]
+    return count, total
+
+
+def _kernel_figures(trace: ParsedTrace, lo: float, hi: float) -> dict:
+    table = trace.table
+    if table.empty:
+        return {"kernel_count": 0, "kernel_us": 0.0, "median_kernel_us": None,
+                "short_kernel_share": None}
+    inside = table[(table["ts_us"] >= lo) & (table["ts_us"] < hi)]
+    durations = inside["dur_us"]
+    return {"kernel_count": int(len(inside)), "kernel_us": _us(durations.sum()),
+            "median_kernel_us": _us(durations.median()) if len(inside) else None,
+            "short_kernel_share": _share(int((durations < SHORT_KERNEL_US).sum()), len(inside))}
+
+
+def _gpu_window_figures(items, lo: float, hi: float) -> dict:
+    swept = _sweep(items, lo, hi)
+    window_us = hi - lo
+    return {"window_us": _us(window_us), "busy_us": _us(swept["busy"]),
+            "idle_us": _us(max(0.0, window_us - swept["busy"])),
+            "idle_share": _share(max(0.0, window_us - swept["busy"]), window_us),
+            "compute_us": _us(swept["compute"]), "communication_us": _us(swept["communication"]),
+            "copy_us": _us(swept["copy"]), "overlap_us": _us(swept["overlap"]),
+            "exposed_communication_us": _us(swept["communication"] - swept["overlap"]),
+            "copy_overlap_us": _us(swept["copy_overlap"]),
+            "parts_us": {part: _us(us) for part, us in swept["parts"].items()},
+            "_gaps": swept["gaps"]}
+
+
+def gpu_accounting(trace: ParsedTrace, step: int | None = None) -> dict:
+    window = _window(trace, step)
+    lo, hi, window_us = window["start_us"], window["end_us"], window["window_us"]
+    items = _activities(trace)
+    figures = _gpu_window_figures(items, lo, hi)
+    gaps = figures.pop("_gaps")
+    steps = []
+    for entry in window["steps"]:
+        one = _gpu_window_figures(items, entry["start_us"], entry["end_us"])
+        one.pop("_gaps")
+        steps.append({"step": entry["step"], "start_us": _us(entry["start_us"]),
+                      "step_time_us": one.pop("window_us"), **one})
+    sync_count, sync_us = _sync_calls(trace, lo, hi)
+    count = window["step_count"]
+    return {
+        "kind": "gpu",
+        "window": {k: (_us(v) if k.endswith("_us") else v) for k, v in window.items()
+                   if k != "steps"},
+        "step_time_us": _us(window_us / count) if count else None,
+        **figures,
+        "busy_share": _share(figures["busy_us"], window_us),
+        **_kernel_figures(trace, lo, hi),
+        "idle_gaps": {"count": len(gaps), "median_us": _us(statistics.median(gaps)) if gaps
+                      else None, "total_us": _us(sum(gaps))},
+        "copies": _copy_table(trace, lo, hi),
+        "streams": _stream_table(trace, lo, hi, window_us),
+        "steps": steps,
+        "parts_per_step_us": {p: _us(us / count) for p, us in figures["parts_us"].items()},
+        "data_loader_us": _us(_spans_union(trace, "enumerate(DataLoader)", lo, hi)),
+        "optimizer_span_us": _us(_spans_union(trace, "Optimizer.step#", lo, hi)),
+        "sync_calls": sync_count, "sync_us": _us(sync_us),
+        "defects": dict(trace.defects),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: self time of CPU ops on the main thread, split into the same parts
+
+_CPU_MATRIX = re.compile(r"^aten::(?:_?(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|addmv|mv|dot"
+                         r"|vdot|einsum|_addmm_activation|linear_backward)|\w*conv\w*"
+                         r"|mkldnn_\w+|_mkldnn\w*)$|^mkldnn::")
+_CPU_ATTENTION = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|attention")
+CAST_OPS = ("aten::to", "aten::_to_copy", "aten::copy_")
+_CPU_COPIES = re.compile(r"^aten::(?:to|_to_copy|copy_|_copy_from\w*|clone|contiguous|cat"
+                         r"|stack)$")
+_CPU_NORM = re.compile(r"norm|softmax|^aten::(?:sum|mean|var\w*|std\w*|amax|amin|max|min"
+                       r"|nll_loss\w*|cross_entropy\w*|mse_loss\w*)$")
+_CPU_COMM = re.compile(r"c10d::|nccl|gloo|all_?reduce|all_?gather|reduce_?scatter|broadcast"
+                       r"|record_param_comms")
+_CPU_OPTIMIZER = re.compile(r"^aten::_foreach_|^aten::_fused_(?:adam|sgd)|^Optimizer\.")
+# Views and allocations: their time belongs to the op that asked for them.
+_CPU_INHERIT = re.compile(r"^aten::(?:as_strided|empty\w*|zeros\w*|t|transpose|view\w*|reshape"
+                          r"|_reshape_alias|expand\w*|resolve_conj|resolve_neg|detach_?"
+                          r"|unsqueeze|squeeze|permute|select|slice|alias|_unsafe_view"
+                          r"|lift_fresh|result_type|numpy_T|set_)$|^detach$")
+
+
+def cpu_op_part(name: str) -> str | None:
+    """The part of a CPU op by its name; None for views/allocations that inherit the part
+    of the op they run under."""
+    if _CPU_INHERIT.search(name):
+        return None
+    for part, pattern in (("optimizer", _CPU_OPTIMIZER), ("communication", _CPU_COMM),
+                          ("copies", _CPU_COPIES), ("attention", _CPU_ATTENTION),
+                          ("matrix", _CPU_MATRIX), ("normalisation", _CPU_NORM)):
+        if pattern.search(name):
+            return part
+    return "elementwise" if name.startswith("aten::") else "other"
+
+
+def _exclusive_times(ops: list, lo: float, hi: float, optimizer_spans: list) -> tuple[dict, dict]:
+    """Self time per (op name, part) on one thread: each instant goes to the innermost op
+    open then, so the sums add up to the union of the ops (nothing counted twice)."""
+    ops = sorted(ops, key=lambda op: (op[1], -op[2]))
+    starts = [s[0] for s in optimizer_spans]
+    by_op: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0])
+    cast_us = [0.0]
+    stack: list[list] = []  # [end, name, part, is_cast]
+    cursor = lo
+
+    def credit(frame: list, until: float) -> None:
+        nonlocal cursor
+        if until > cursor:
+            by_op[(frame[1], frame[2])][0] += until - cursor
+            if frame[3]:
+                cast_us[0] += until - cursor
+            cursor = until
+
+    for name, start, end, *_ in ops:
+        start, end = max(start, lo), min(end, hi)
+        if end < start or start >= hi:
+            continue
+        while stack and stack[-1][0] <= start:
+            credit(stack[-1], stack[-1][0])
+            stack.pop()
+        if stack:
+            credit(stack[-1], start)
+            end = min(end, stack[-1][0])  # a child never outlives its parent
+        cursor = max(cursor, start)
+        part = cpu_op_part(name)
+        parent = stack[-1] if stack else None
+        if _inside(starts, optimizer_spans, start):
+            part = "optimizer"
+        elif part is None or (parent is not None and parent[2] == "copies" and parent[3]):
+            part = parent[2] if parent is not None else "other"
+        is_cast = name in CAST_OPS or bool(parent and parent[3])
+        by_op[(name, part)][1] += 1
+        stack.append([end, name, part, is_cast])
+    while stack:
+        credit(stack[-1], stack[-1][0])
+        stack.pop()
+    return by_op, {"cast_us": cast_us[0]}
+
+
+def _inside(starts: list[float], spans: list, time_us: float) -> bool:
+    index = bisect.bisect_right(starts, time_us) - 1
+    return index >= 0 and spans[index][0] <= time_us <= spans[index][1]
+
+
+def _main_thread(ops: list) -> tuple[Any, Any] | None:
+    busy: dict[tuple, list] = defaultdict(list)
+    for op in ops:
+        busy[(op[3], op[4])].append((op[1], op[2]))
+    if not busy:
+        return None
+    return max(busy, key=lambda key: _merged_length(busy[key], float("-inf"), float("inf")))
+
+
+def cpu_accounting(trace: ParsedTrace, step: int | None = None,
+                   cpu_evidence: dict | None = None) -> dict:
+    window = _window(trace, step)
+    lo, hi, window_us = window["start_us"], window["end_us"], window["window_us"]
+    ops = [op for op in trace.cpu_ops if not op[0].startswith(SPAN_PREFIXES)]
+    main = _main_thread(ops)
+    main_ops = [op for op in ops if (op[3], op[4]) == main]
+    optimizer_spans = sorted((s[1], s[2]) for s in trace.spans
+                             if s[0].startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+                             and (s[3], s[4]) == main)
+    by_op, extra = _exclusive_times(main_ops, lo, hi, optimizer_spans)
+    parts = {part: 0.0 for part in PARTS}
+    for (_name, part), (self_us, _count) in by_op.items():
+        parts[part] += self_us
+    busy = sum(parts.values())
+    parts["idle"] = max(0.0, window_us - busy)
+    count = window["step_count"]
+    top = sorted(by_op.items(), key=lambda kv: -kv[1][0])
+    return {
+        "kind": "cpu",
+        "window": {k: (_us(v) if k.endswith("_us") else v) for k, v in window.items()
+                   if k != "steps"},
+        "step_time_us": _us(window_us / count) if count else None,
+        "window_us": _us(window_us),
+        "busy_us": _us(busy), "idle_us": _us(parts["idle"]),
+        "idle_share": _share(parts["idle"], window_us),
+        "busy_share": _share(busy, window_us),
+        "parts_us": {p: _us(us) for p, us in parts.items()},
+        "parts_per_step_us": {p: _us(us / count) for p, us in parts.items()},
+        "cast_us": _us(extra["cast_us"]), "cast_share": _share(extra["cast_us"], window_us),
+        "ops": [{"cpu_op": name, "part": part, "self_us": _us(us), "count": n}
+                for (name, part), (us, n) in top[:25]],
+        "matrix_ops": _matrix_ops(top, cpu_evidence),
+        "thread_count": len({(op[3], op[4]) for op in ops}),
+        "data_loader_us": _us(_spans_union(trace, "enumerate(DataLoader)", lo, hi)),
+        "defects": dict(trace.defects),
+        "steps": [],
+    }
+
+
+def _matrix_ops(top: list, cpu_evidence: dict | None) -> list[dict]:
+    """Matrix ops by self time with the oneDNN primitives of their kind that the run's
+    verbose log recorded (convolutions -> convolution primitives, the rest -> matmul /
+    inner_product); the profiler does not link an op to its primitive, the kind does."""
+    primitives = (cpu_evidence or {}).get("primitives") or []
+    by_kind: dict[str, set[str]] = defaultdict(set)
+    for primitive in primitives:
+        by_kind[str(primitive.get("kind"))].add(
+            f"{primitive.get('kind')} {primitive.get('src_dtype')} {primitive.get('implementation')}")
+    rows = []
+    for (name, part), (us, n) in top:
+        if part != "matrix" or not _CPU_MATRIX.search(name):
+            continue
+        kinds = ("convolution", "deconvolution") if "conv" in name else ("matmul", "inner_product")
+        found = sorted(set().union(*(by_kind[k] for k in kinds)))
+        if cpu_evidence is None:
+            onednn = "no oneDNN verbose log for this trace"
+        elif found:
+            onednn = "; ".join(found[:3])
+        else:
+            onednn = "no oneDNN primitive recorded: MKL or ATen's own kernel"
+        rows.append({"cpu_op": name, "self_us": _us(us), "count": n, "onednn": onednn})
+    return rows[:15]
+
+
+# ---------------------------------------------------------------------------------------
+# public
+
+def time_accounting(trace: Any, step: int | None = None, cpu_evidence: dict | None = None
+                    ) -> dict:
+    """Where the window's time went. `trace`: a ParsedTrace, a path or a file object.
+    `step`: one ProfilerStep#N only (ValueError naming the recorded steps if absent).
+    `cpu_evidence`: a CPU run's summary["cpu_evidence"] (oneDNN primitives), optional.
+
+    -> {"kind": "gpu" | "cpu", "window": {...}, "step_time_us", "window_us", "busy_us",
+        "idle_us", "idle_share", "parts_us" (adds up to window_us), "parts_per_step_us",
+        "steps" (per ProfilerStep table), ...}; GPU adds compute/communication/copy/overlap,
+    "copies" (per direction) and "streams" tables; CPU adds "ops", "matrix_ops", "cast_us".
+    """
+    parsed = trace if isinstance(trace, ParsedTrace) else load_trace(trace)
+    if parsed.is_gpu:
+        return gpu_accounting(parsed, step)
+    return cpu_accounting(parsed, step, cpu_evidence)

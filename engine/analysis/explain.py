@@ -1,0 +1,193 @@
+"""One trace explained (Tensor-Core verdict + time accounting + bound-by verdict + the
+banner a page shows), and two traces compared: why is run B faster (or not) than run A?
+
+The B-vs-A split is Amdahl's law made visible: each part of A's step (matrix, attention,
+elementwise, ...; engine.analysis.accounting.PARTS) with its time in A and in B, its
+speedup and its share of A's step. A 3x faster matmul in a step that is 40 % matmul gives
+at most 1.4x; the table says which part held the rest back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.analysis.accounting import CAST_OPS, PARTS, time_accounting
+from engine.analysis.bound import bound_by, busy_headline
+from engine.analysis.kernels import MATRIX_CATEGORIES
+from engine.analysis.traces import ParsedTrace, breakdown, load_trace, share_text
+
+UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
+SENTENCE_MIN_SHARE = 0.05  # parts below 5 % of A's step stay out of the sentence
+ONLY_IN_LIMIT = 10
+_CAST_WORDS = ("to_copy", "_to_copy", "copy_", "convert", "cast", "ToCopyBackward")
+
+
+def _parsed(trace: Any) -> ParsedTrace:
+    return trace if isinstance(trace, ParsedTrace) else load_trace(trace)
+
+
+def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = None,
+            cpu_evidence: dict | None = None) -> dict:
+    """Everything `python -m engine kernels TRACE --json` prints: traces.breakdown's keys
+    plus "accounting" (time_accounting), "bound_by" (bound.bound_by), "banner"
+    ({"headline", "tone", "sentence", "advice"}), the flat figures "busy_us", "idle_us",
+    "idle_share", "copy_us", "overlap_us", "streams", "steps", and "trace_defects"."""
+    parsed = _parsed(trace)
+    result = {"source": parsed.source, **breakdown(parsed.table)}
+    accounting = time_accounting(parsed, step=step, cpu_evidence=cpu_evidence)
+    verdict = bound_by(accounting, data_wait_ms=data_wait_ms)
+    defects = dict(parsed.defects)
+    result.update(
+        malformed_events=defects.get("malformed_events", 0),
+        bad_duration_events=defects.get("negative_duration", 0)
+        + defects.get("missing_duration", 0),
+        trace_defects=defects, accounting=accounting, bound_by=verdict,
+        busy_us=accounting["busy_us"], idle_us=accounting["idle_us"],
+        idle_share=accounting["idle_share"], copy_us=accounting.get("copy_us"),
+        overlap_us=accounting.get("overlap_us"), streams=accounting.get("streams", []),
+        steps=accounting.get("steps", []),
+        banner=_banner(result["verdict"], accounting, verdict))
+    return result
+
+
+def _banner(tensor_verdict: dict, accounting: dict, verdict: dict) -> dict:
+    if accounting["kind"] == "cpu":
+        headline = f"CPU run: {verdict['sentence']}"
+        tone = "info"
+    else:
+        headline = busy_headline(tensor_verdict.get("headline") or "", accounting)
+        tone = {"yes": "success", "partly": "warning", "no": "error"}.get(
+            tensor_verdict.get("tensor_cores"), "info")
+        if tone == "success" and verdict["verdict"] in ("input", "cpu_launch", "communication"):
+            tone = "warning"  # the matrix work is fine; the step is not
+    return {"headline": headline, "tone": tone, "sentence": verdict["sentence"],
+            "advice": verdict["advice"]}
+
+
+# ---------------------------------------------------------------------------------------
+# B vs A
+
+def _label(parsed: ParsedTrace, given: str | None, fallback: str) -> str:
+    """The caller's label, else the dominant dtype of the matrix kernels (fp32, bf16)."""
+    if given:
+        return given
+    table = parsed.table
+    if table.empty:
+        return fallback
+    matrix = table[table["category"].isin(MATRIX_CATEGORIES)]
+    dtypes = matrix.groupby(matrix["dtype"].fillna("unknown"))["dur_us"].sum()
+    dtypes = dtypes.drop("unknown", errors="ignore")
+    return str(dtypes.idxmax()) if len(dtypes) else fallback
+
+
+def _speedup_words(speedup: float | None, b_us: float) -> str:
+    if b_us <= 0:
+        return "gone"
+    if speedup is None:
+        return "new"
+    if abs(speedup - 1.0) <= UNCHANGED:
+        return "unchanged"
+    return f"{speedup:.1f}x" if speedup > 1 else f"{1 / speedup:.1f}x slower"
+
+
+def _name_totals(parsed: ParsedTrace) -> dict[str, dict]:
+    """{name: {"us", "count", "category"}} of the kernels (GPU) or CPU ops (CPU)."""
+    totals: dict[str, dict] = {}
+    if parsed.is_gpu:
+        grouped = parsed.table.groupby("name").agg(us=("dur_us", "sum"), count=("dur_us", "size"),
+                                                   category=("category", "first"),
+                                                   tensor_core=("tensor_core", "first"),
+                                                   dtype=("dtype", "first"))
+        for name, row in grouped.iterrows():
+            totals[name] = {"us": float(row["us"]), "count": int(row["count"]),
+                            "category": row["category"], "tensor_core": row["tensor_core"],
+                            "dtype": row["dtype"] if isinstance(row["dtype"], str) else None}
+        return totals
+    for name, start, end, *_ in parsed.cpu_ops:
+        entry = totals.setdefault(name, {"us": 0.0, "count": 0, "category": None})
+        entry["us"] += end - start
+        entry["count"] += 1
+    return totals
+
+
+def _note(name: str, entry: dict) -> str | None:
+    if name in CAST_OPS or any(word in name for word in _CAST_WORDS):
+        return "cast (dtype conversion)"
+    if entry.get("category") in MATRIX_CATEGORIES and entry.get("tensor_core") == "no" \
+            and entry.get("dtype") in ("fp32", None):
+        return "fp32 matrix kernel on CUDA cores (a fallback?)"
+    return None
+
+
+def _only_in(mine: dict, theirs: dict, steps: int) -> list[dict]:
+    rows = [{"name": name, "us_per_step": round(entry["us"] / steps, 3),
+             "count": entry["count"], "category": entry.get("category"),
+             "note": _note(name, entry)}
+            for name, entry in mine.items() if name not in theirs]
+    rows.sort(key=lambda row: -row["us_per_step"])
+    return rows[:ONLY_IN_LIMIT]
+
+
+def _sentence(rows: list[dict], label_a: str, label_b: str, step_speedup: float | None) -> str:
+    shown = [row for row in rows if row["share_of_a"] and row["share_of_a"] >= SENTENCE_MIN_SHARE]
+    shown.sort(key=lambda row: -row["share_of_a"])
+    pieces = []
+    for index, row in enumerate(shown[:5]):
+        words = _speedup_words(row["speedup"], row["b_us"])
+        if index == 0:
+            if words.endswith("x"):
+                words += " faster"
+            pieces.append(f"{row['part']} {share_text(row['share_of_a'])} of the {label_a} step, "
+                          f"{words} in {label_b}")
+        else:
+            pieces.append(f"{row['part']} {share_text(row['share_of_a'])}, {words}")
+    total = _speedup_words(step_speedup, 1.0) if step_speedup else "n/a"
+    total = total if total != "unchanged" else "unchanged (1.0x)"
+    return "; ".join(pieces) + f" -> step {total}"
+
+
+def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
+                 label_b: str | None = None, step_a: int | None = None,
+                 step_b: int | None = None, cpu_evidence_a: dict | None = None,
+                 cpu_evidence_b: dict | None = None) -> dict:
+    """Why B's step is faster (or slower) than A's.
+
+    `trace_a`/`trace_b`: ParsedTrace, path or file object; both GPU or both CPU traces
+    (ValueError otherwise). Labels default to the dominant matrix dtype (GPU) or "A"/"B".
+
+    -> {"kind", "label_a", "label_b", "step_time_a_us", "step_time_b_us", "step_speedup",
+        "parts": [{"part", "a_us", "b_us", "speedup", "share_of_a", "saved_us"}] (per step,
+        PARTS order; a_us adds up to step_time_a_us), "sentence", "only_in_a", "only_in_b"
+        ([{"name", "us_per_step", "count", "category", "note"}]), "bound_by_a",
+        "bound_by_b"}
+    """
+    parsed_a, parsed_b = _parsed(trace_a), _parsed(trace_b)
+    if parsed_a.is_gpu != parsed_b.is_gpu:
+        kinds = ("a GPU" if parsed_a.is_gpu else "a CPU", "a GPU" if parsed_b.is_gpu else "a CPU")
+        raise ValueError(f"cannot compare {kinds[0]} trace ({parsed_a.source}) with {kinds[1]} "
+                         f"trace ({parsed_b.source}): the parts are measured differently; "
+                         "compare two GPU traces or two CPU traces")
+    acc_a = time_accounting(parsed_a, step=step_a, cpu_evidence=cpu_evidence_a)
+    acc_b = time_accounting(parsed_b, step=step_b, cpu_evidence=cpu_evidence_b)
+    label_a, label_b = _label(parsed_a, label_a, "A"), _label(parsed_b, label_b, "B")
+    if label_a == label_b:
+        label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
+    step_a_us, step_b_us = acc_a["step_time_us"] or 0.0, acc_b["step_time_us"] or 0.0
+    rows = []
+    for part in PARTS:
+        a_us, b_us = acc_a["parts_per_step_us"][part], acc_b["parts_per_step_us"][part]
+        rows.append({"part": part, "a_us": a_us, "b_us": b_us,
+                     "speedup": round(a_us / b_us, 3) if b_us > 0 and a_us > 0 else None,
+                     "share_of_a": round(a_us / step_a_us, 4) if step_a_us else None,
+                     "saved_us": round(a_us - b_us, 3)})
+    step_speedup = round(step_a_us / step_b_us, 3) if step_b_us else None
+    names_a, names_b = _name_totals(parsed_a), _name_totals(parsed_b)
+    return {
+        "kind": acc_a["kind"], "label_a": label_a, "label_b": label_b,
+        "source_a": parsed_a.source, "source_b": parsed_b.source,
+        "step_time_a_us": step_a_us, "step_time_b_us": step_b_us, "step_speedup": step_speedup,
+        "parts": rows, "sentence": _sentence(rows, label_a, label_b, step_speedup),
+        "only_in_a": _only_in(names_a, names_b, acc_a["window"]["step_count"]),
+        "only_in_b": _only_in(names_b, names_a, acc_b["window"]["step_count"]),
+        "bound_by_a": bound_by(acc_a), "bound_by_b": bound_by(acc_b),
+    }
