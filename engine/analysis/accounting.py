@@ -90,7 +90,8 @@ def _window(trace: ParsedTrace, step: int | None) -> dict:
         if not chosen:
             known = ", ".join(str(s["step"]) for s in steps) or "none"
             raise ValueError(f"{trace.source}: no ProfilerStep#{step} in this trace "
-                             f"(steps recorded: {known})")
+                             f"(steps recorded: {known}); pick one of those, or leave the "
+                             "step out for the whole window")
         steps = chosen
     if steps:
         start, end = steps[0]["start_us"], steps[-1]["end_us"]

@@ -9,6 +9,7 @@ at most 1.4x; the table says which part held the rest back.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from engine.analysis.accounting import CAST_OPS, PARTS, time_accounting
@@ -19,7 +20,8 @@ from engine.analysis.traces import ParsedTrace, breakdown, load_trace, share_tex
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
 SENTENCE_MIN_SHARE = 0.05  # parts below 5 % of A's step stay out of the sentence
 ONLY_IN_LIMIT = 10
-_CAST_WORDS = ("to_copy", "_to_copy", "copy_", "convert", "cast", "ToCopyBackward")
+# GPU: the dtype-converting copy kernels; CPU: the cast ops and their autograd nodes.
+_CAST_NAME = re.compile(r"(?<![a-z])(?:to_copy|_to_copy|convert\w*|cast)(?![a-z])|ToCopyBackward")
 
 
 def _parsed(trace: Any) -> ParsedTrace:
@@ -110,19 +112,23 @@ def _name_totals(parsed: ParsedTrace) -> dict[str, dict]:
     return totals
 
 
-def _note(name: str, entry: dict) -> str | None:
-    if name in CAST_OPS or any(word in name for word in _CAST_WORDS):
+def _note(name: str, entry: dict, other_uses_tensor_cores: bool) -> str | None:
+    if name in CAST_OPS or _CAST_NAME.search(name):
         return "cast (dtype conversion)"
-    if entry.get("category") in MATRIX_CATEGORIES and entry.get("tensor_core") == "no" \
-            and entry.get("dtype") in ("fp32", None):
+    if entry.get("category") == "copy kernel":
+        return "copy kernel (a cast when the dtypes differ)"
+    if (other_uses_tensor_cores and entry.get("category") in MATRIX_CATEGORIES
+            and entry.get("tensor_core") == "no" and entry.get("dtype") in ("fp32", None)):
         return "fp32 matrix kernel on CUDA cores (a fallback?)"
     return None
 
 
 def _only_in(mine: dict, theirs: dict, steps: int) -> list[dict]:
+    theirs_tc = any(entry.get("tensor_core") == "yes" for entry in theirs.values())
+    mine_tc = any(entry.get("tensor_core") == "yes" for entry in mine.values())
     rows = [{"name": name, "us_per_step": round(entry["us"] / steps, 3),
              "count": entry["count"], "category": entry.get("category"),
-             "note": _note(name, entry)}
+             "note": _note(name, entry, theirs_tc or mine_tc)}
             for name, entry in mine.items() if name not in theirs]
     rows.sort(key=lambda row: -row["us_per_step"])
     return rows[:ONLY_IN_LIMIT]

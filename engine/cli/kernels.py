@@ -11,7 +11,7 @@ import sys
 from typing import TextIO
 
 from engine.analysis.kernels import classify_kernel
-from engine.cli.errors import EXIT_OK, EXIT_USAGE
+from engine.cli.errors import EXIT_OK, EXIT_USAGE, shown, typed
 
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
@@ -23,10 +23,20 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     classify.set_defaults(func=cmd_classify)
 
     kernels = subparsers.add_parser(
-        "kernels", help="kernel breakdown of a profiler trace: did matmuls use Tensor Cores?",
+        "kernels", help="kernel breakdown of a profiler trace: did matmuls use Tensor Cores, "
+                        "where did the step's time go? (two traces with --diff: why B is faster)",
         description="Read a PyTorch profiler trace (.json or .json.gz) and report kernel time "
-                    "by category, the Tensor Core share and the kernels that decided it.")
+                    "by category, the Tensor Core share and the kernels that decided it, GPU "
+                    "busy/idle time, copies, communication overlap, per stream and per step, and "
+                    "what bounds the step. With two traces and --diff: the step of B against A, "
+                    "part by part.")
     kernels.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
+    kernels.add_argument("trace_b", metavar="TRACE_B", nargs="?",
+                         help="a second trace, compared with the first (needs --diff)")
+    kernels.add_argument("--diff", action="store_true",
+                         help="explain TRACE_B's step time against TRACE's")
+    kernels.add_argument("--step", type=typed(int, "--step"), default=None, metavar="N",
+                         help="account one profiler step (ProfilerStep#N) only")
     kernels.add_argument("--json", action="store_true", help="print one JSON object")
     kernels.set_defaults(func=cmd_kernels)
 
@@ -45,22 +55,56 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
-    from engine.analysis.traces import analyze_trace  # pandas: only this command reads traces
+    # pandas: only this command reads traces, so the CLI's start-up stays light
+    from engine.analysis.explain import analyze, explain_diff
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    try:
-        summary = analyze_trace(args.trace)
-    except ValueError as exc:  # unreadable / missing / not a trace: the message names the path
-        stderr.write(f"kernels: {exc}\n")
+    usage = _usage_problem(args)
+    if usage:
+        stderr.write(f"kernels: {usage}\n")
         return EXIT_USAGE
-    if summary.get("malformed_events"):
-        stderr.write(f"warning: {args.trace}: {summary['malformed_events']} malformed event(s) "
-                     "(a name that is not text, an id that is a list or an object) left out\n")
+    try:
+        if args.diff:
+            result = explain_diff(args.trace, args.trace_b, step_a=args.step, step_b=args.step)
+        else:
+            result = analyze(args.trace, step=args.step)
+    except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
+        stderr.write(f"kernels: {_one_line(str(exc))}\n")
+        return EXIT_USAGE
+    if not args.diff:
+        _warn_defects(result, args.trace, stderr)
     if args.json:
-        stdout.write(json.dumps(summary) + "\n")
+        stdout.write(json.dumps(result) + "\n")
     else:
-        stdout.write(format_breakdown(summary))
+        stdout.write(format_diff(result) if args.diff else format_breakdown(result))
     return EXIT_OK
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    trace_b = getattr(args, "trace_b", None)
+    if getattr(args, "diff", False) and not trace_b:
+        return (f"--diff needs two traces, got one ({shown(args.trace)}); give A and B: "
+                "python -m engine kernels A.json.gz B.json.gz --diff")
+    if trace_b and not getattr(args, "diff", False):
+        return (f"TRACE_B {shown(trace_b)} given without --diff; add --diff to compare the "
+                "two traces, or pass one trace")
+    step = getattr(args, "step", None)
+    if step is not None and step < 0:
+        return f"--step {step}: expected a profiler step number (0 or more, e.g. --step 5)"
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _warn_defects(summary: dict, trace: str, stderr: TextIO) -> None:
+    if summary.get("malformed_events"):
+        stderr.write(f"warning: {trace}: {summary['malformed_events']} malformed event(s) "
+                     "(a name that is not text, an id that is a list or an object) left out\n")
+    if summary.get("bad_duration_events"):
+        stderr.write(f"warning: {trace}: {summary['bad_duration_events']} event(s) with a "
+                     "missing or negative duration (a defect of the trace) left out of every sum\n")
 
 
 # ---------------------------------------------------------------------------------------
@@ -81,11 +125,21 @@ def _clip(text: str, width: int) -> str:
 def format_breakdown(summary: dict, name_width: int = 90) -> str:
     """The breakdown as a readable plain-text report."""
     lines = [f"Trace:  {summary.get('source') or '-'}"]
+    accounting = summary.get("accounting") or {}
+    if accounting.get("kind") == "cpu":
+        return "\n".join(lines + format_cpu_accounting(summary)) + "\n"
     device = summary.get("device") or "unknown GPU"
     capability = summary.get("compute_capability")
-    suffix = f" (compute capability {capability})" if capability else ""
+    suffix = f" (compute capability {capability})" if capability else (
+        f" (AMD {summary['arch']})" if summary.get("arch") else "")
     lines.append(f"Device: {device}{suffix}")
-    lines.append(summary["verdict"]["headline"])
+    banner = summary.get("banner") or {}
+    lines.append(banner.get("headline") or summary["verdict"]["headline"])
+    if summary.get("bound_by"):
+        lines.append(f"{summary['bound_by']['sentence']}")
+        lines += [f"  try: {advice}" for advice in summary["bound_by"]["advice"]]
+    if accounting:
+        lines += [""] + format_gpu_accounting(accounting)
     lines.append(
         f"Kernel time {_ms(summary['total_kernel_us'])} ms in {summary['kernel_count']:,} kernels;"
         f" on Tensor Cores {_ms(summary['tensor_core_us'])} ms"
@@ -111,4 +165,87 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
                          f"({_pct(entry['without_tensor_core_share'])} of its matrix time), "
                          f"e.g. {_clip(entry['kernels'][0], 70)}")
             lines += [f"    - {cause}" for cause in entry["likely_causes"]]
+    return "\n".join(lines) + "\n"
+
+
+def format_gpu_accounting(accounting: dict) -> list[str]:
+    window = accounting["window"]
+    lines = [f"Window {_ms(accounting['window_us'])} ms ({window['source']}, "
+             f"{window['step_count']} step(s), {_ms(accounting['step_time_us'])} ms each): "
+             f"GPU busy {_ms(accounting['busy_us'])} ms ({_pct(accounting['busy_share'])}), "
+             f"idle {_ms(accounting['idle_us'])} ms ({_pct(accounting['idle_share'])})",
+             f"  compute {_ms(accounting['compute_us'])} ms, communication "
+             f"{_ms(accounting['communication_us'])} ms ({_ms(accounting['overlap_us'])} ms hidden "
+             f"under compute), copies {_ms(accounting['copy_us'])} ms"]
+    if accounting["copies"]:
+        lines += ["", f"{'copies':<10}{'count':>7}{'MB':>12}{'time_ms':>11}{'GB/s':>9}"]
+        for row in accounting["copies"]:
+            mb = "-" if row["bytes"] is None else f"{row['bytes'] / 1e6:,.1f}"
+            gbs = "-" if row["gb_per_s"] is None else f"{row['gb_per_s']:,.1f}"
+            lines.append(f"{row['direction']:<10}{row['count']:>7}{mb:>12}{_ms(row['us']):>11}"
+                         f"{gbs:>9}")
+    lines += ["", f"{'stream':<8}{'kernels':>8}{'kernel_ms':>11}{'copy_ms':>9}{'busy_ms':>10}"
+                  f"{'busy':>9}"]
+    for row in accounting["streams"]:
+        copy_us = row["memcpy_us"] + row["memset_us"]
+        lines.append(f"{str(row['stream']):<8}{row['kernel_count']:>8}{_ms(row['kernel_us']):>11}"
+                     f"{_ms(copy_us):>9}{_ms(row['busy_us']):>10}{_pct(row['busy_share']):>9}")
+    if accounting["steps"]:
+        lines += ["", f"{'step':<8}{'time_ms':>10}{'busy_ms':>10}{'idle':>9}{'comm_ms':>10}"
+                      f"{'hidden_ms':>10}{'copy_ms':>9}"]
+        for row in accounting["steps"]:
+            lines.append(f"{row['step']:<8}{_ms(row['step_time_us']):>10}{_ms(row['busy_us']):>10}"
+                         f"{_pct(row['idle_share']):>9}{_ms(row['communication_us']):>10}"
+                         f"{_ms(row['overlap_us']):>10}{_ms(row['copy_us']):>9}")
+    lines += ["", "Step time by part (per step)"] + _parts_lines(accounting)
+    return lines
+
+
+def _parts_lines(accounting: dict) -> list[str]:
+    step_us = accounting.get("step_time_us") or 0.0
+    lines = [f"  {'part':<15}{'time_ms':>10}{'share':>10}"]
+    for part, us in accounting["parts_per_step_us"].items():
+        if us > 0:
+            lines.append(f"  {part:<15}{_ms(us):>10}{_pct(us / step_us if step_us else None):>10}")
+    return lines
+
+
+def format_cpu_accounting(summary: dict) -> list[str]:
+    accounting, verdict = summary["accounting"], summary["bound_by"]
+    window = accounting["window"]
+    lines = ["Device: CPU (no GPU kernels: the CPU ops' self time is the evidence)",
+             f"Window {_ms(accounting['window_us'])} ms ({window['source']}, "
+             f"{window['step_count']} step(s), {_ms(accounting['step_time_us'])} ms each); "
+             f"casts (aten::to/_to_copy/copy_) {_pct(accounting['cast_share'])} of it",
+             verdict["sentence"]]
+    lines += [f"  try: {advice}" for advice in verdict["advice"]]
+    lines += ["", "Step time by part (per step; idle = outside any op)"] + _parts_lines(accounting)
+    if accounting["matrix_ops"]:
+        lines += ["", "Matrix ops and the oneDNN primitive behind them"]
+        lines += [f"  {row['cpu_op']}: {_ms(row['self_us'])} ms self, {row['onednn']}"
+                  for row in accounting["matrix_ops"]]
+    lines += ["", f"{'self_ms':>10} {'count':>6}  {'part':<14} op"]
+    lines += [f"{_ms(row['self_us']):>10} {row['count']:>6}  {row['part']:<14} {row['cpu_op']}"
+              for row in accounting["ops"]]
+    return lines
+
+
+def format_diff(diff: dict) -> str:
+    """B against A, part by part, with the Amdahl sentence first."""
+    a, b = diff["label_a"], diff["label_b"]
+    lines = [f"A ({a}): {diff['source_a']}", f"B ({b}): {diff['source_b']}",
+             f"Step {_ms(diff['step_time_a_us'])} ms -> {_ms(diff['step_time_b_us'])} ms",
+             diff["sentence"], "",
+             f"{'part':<15}{'A_ms':>10}{'B_ms':>10}{'speedup':>9}{'share_of_A':>12}"]
+    for row in diff["parts"]:
+        if row["a_us"] or row["b_us"]:
+            speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+            lines.append(f"{row['part']:<15}{_ms(row['a_us']):>10}{_ms(row['b_us']):>10}"
+                         f"{speedup:>9}{_pct(row['share_of_a']):>12}")
+    for key, who in (("only_in_a", f"Only in A ({a})"), ("only_in_b", f"Only in B ({b})")):
+        if diff[key]:
+            lines += ["", who]
+            lines += [f"  {_ms(row['us_per_step']):>9} ms/step  {_clip(row['name'], 80)}"
+                      + (f"  [{row['note']}]" if row["note"] else "") for row in diff[key]]
+    lines += ["", f"A is {diff['bound_by_a']['label']}, B is {diff['bound_by_b']['label']}"]
     return "\n".join(lines) + "\n"
