@@ -15,13 +15,15 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.hardware.cpu_units import cpu_matrix_unit, unit_for_isa
+
 MATRIX_PRIMITIVES = ("matmul", "inner_product", "convolution", "deconvolution")
 _DTYPE_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "s8": "int8", "u8": "int8",
                 "f8_e4m3": "fp8", "f8_e5m2": "fp8"}
 
 NATIVE_AMX = "AMX tiles"
-NATIVE_BF16_DOT = "native bf16 dot products (avx512_core_bf16)"
-NATIVE_FP16 = "native fp16 arithmetic (avx512_core_fp16)"
+NATIVE_BF16_DOT = "AVX-512 BF16 dot products"
+NATIVE_FP16 = "AVX-512 FP16 vector units (about fp32 speed)"
 EMULATED = "no native low-precision matrix unit: emulated"
 NOT_APPLICABLE = "not applicable"  # an fp32 run: there is no low-precision question
 UNKNOWN = "unknown"
@@ -107,24 +109,23 @@ def cpu_verdict(primitives: list[Primitive], compute_dtype: str,
     matrix = [p for p in primitives if p.is_matrix]
     low_precision = [p for p in matrix if p.src_dtype in ("bf16", "fp16")]
     evidence = sorted({f"{p.kind} {p.src_dtype} {p.implementation}" for p in matrix})[:12]
-    amx = [p for p in low_precision if "amx" in p.isa]
-    bf16_dot = [p for p in low_precision if "avx512_core_bf16" in p.isa]
-    fp16_native = [p for p in low_precision if "avx512_core_fp16" in p.isa]
     if compute_dtype not in ("bf16", "fp16"):
         isas = sorted({p.isa for p in matrix})
-        headline = ("fp32 run: matrix work on the CPU's vector units"
-                    + (f" ({', '.join(isas)})" if isas else " (MKL / ATen; no oneDNN matrix "
-                       "primitive was recorded)"))
+        unit = cpu_matrix_unit(cpu_flags, "fp32") if cpu_flags else None
+        headline = (unit.words if unit else "fp32 matmuls on the CPU's vector units") + (
+            f" ({', '.join(isas)})" if isas else " (MKL / ATen; no oneDNN matrix primitive "
+            "was recorded)")
         return _verdict(NOT_APPLICABLE, headline, evidence, matrix)
-    if amx:
-        return _verdict(NATIVE_AMX, f"{compute_dtype} matrix work on AMX tiles "
-                        f"({amx[0].implementation})", evidence, matrix)
-    if compute_dtype == "bf16" and bf16_dot:
-        return _verdict(NATIVE_BF16_DOT, f"bf16 matrix work on native bf16 dot products "
-                        f"({bf16_dot[0].implementation})", evidence, matrix)
-    if compute_dtype == "fp16" and fp16_native:
-        return _verdict(NATIVE_FP16, f"fp16 matrix work on native fp16 units "
-                        f"({fp16_native[0].implementation})", evidence, matrix)
+    native = [(unit, p) for p in low_precision
+              if (unit := unit_for_isa(p.isa, compute_dtype)) is not None]
+    if native:
+        # The most capable unit any primitive used names the run (AMX over dot products).
+        unit, prim = max(native, key=lambda pair: _UNIT_RANK.get(_verdict_id(pair[0]), 0))
+        by_flags = cpu_matrix_unit(cpu_flags, compute_dtype) if cpu_flags else None
+        if by_flags is not None and by_flags.unit == unit.unit:
+            unit = by_flags  # the same unit: the device card's exact words
+        return _verdict(_verdict_id(unit), f"{unit.words} ({prim.implementation})",
+                        evidence, matrix)
     missing = _missing_flags(compute_dtype, cpu_flags)
     if not low_precision and cpu_flags and not missing.count(" and "):
         # The CPU has a native unit but oneDNN recorded no primitive for it: the matmuls
@@ -142,6 +143,15 @@ def cpu_verdict(primitives: list[Primitive], compute_dtype: str,
         why += f"; this CPU lacks {missing}"
     return _verdict(EMULATED, f"emulated, no native {compute_dtype} matrix unit ({why})",
                     evidence, matrix)
+
+
+_UNIT_RANK = {NATIVE_AMX: 3, NATIVE_BF16_DOT: 2, NATIVE_FP16: 1}
+
+
+def _verdict_id(unit) -> str:
+    if unit.unit.startswith("AMX"):
+        return NATIVE_AMX
+    return NATIVE_BF16_DOT if "BF16" in unit.unit else NATIVE_FP16
 
 
 def _missing_flags(compute_dtype: str, cpu_flags: frozenset[str]) -> str:

@@ -13,13 +13,10 @@ import os
 import platform
 from dataclasses import dataclass, field
 
-from engine.config import ConfigError, Precision, choices
+from engine.config import COMPUTE_DTYPES, ConfigError, Precision, choices
+from engine.hardware.cpu_units import EMULATED, NATIVE, UNSUPPORTED, cpu_matrix_unit
 from engine.hardware.gpus import arch_name
 from engine.hardware.nvml import nvml_call, nvml_library
-
-NATIVE = "native"
-EMULATED = "emulated"
-UNSUPPORTED = "unsupported"
 
 
 @dataclass(frozen=True)
@@ -118,32 +115,9 @@ def cpu_device(flags: frozenset[str] | None = None, name: str | None = None) -> 
 
 
 def _cpu_mode_support(dev: DeviceInfo, mode: Precision) -> ModeSupport:
-    flags = dev.cpu_flags
-    isa = dev.capability
-    if mode == Precision.FP32:
-        return ModeSupport(NATIVE, f"fp32 on the CPU's {isa} vector units")
-    if mode == Precision.TF32:
-        return ModeSupport(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format (sm80+); "
-                                        "CPUs have no TF32 matmul mode. Use fp32.")
-    if mode == Precision.FP8:
-        return ModeSupport(UNSUPPORTED, "fp8 training needs an NVIDIA GPU with sm89+ "
-                                        "(Ada, Hopper, Blackwell); CPUs cannot run it.")
-    if mode in (Precision.BF16_AMP, Precision.BF16_PURE):
-        if "amx_bf16" in flags:
-            return ModeSupport(NATIVE, "AMX tiles (amx_bf16): the CPU's bf16 matrix engine")
-        if "avx512_bf16" in flags:
-            return ModeSupport(NATIVE, "native bf16 dot products (avx512_core_bf16)")
-        return ModeSupport(EMULATED, f"no native bf16 matrix unit (CPU ISA {isa}, no "
-                                     "avx512_bf16/amx_bf16): bf16 runs in slow conversion "
-                                     "code, expect it slower than fp32")
-    # fp16-amp
-    if "amx_fp16" in flags:
-        return ModeSupport(NATIVE, "AMX tiles (amx_fp16): the CPU's fp16 matrix engine")
-    if "avx512_fp16" in flags:
-        return ModeSupport(NATIVE, "native fp16 arithmetic (avx512_fp16)")
-    return ModeSupport(EMULATED, f"no native fp16 matrix unit (CPU ISA {isa}, no "
-                                 "avx512_fp16/amx_fp16): fp16 is emulated, expect it much "
-                                 "slower than fp32")
+    """From the one CPU decision (engine.hardware.cpu_units), so every surface agrees."""
+    unit = cpu_matrix_unit(dev.cpu_flags, COMPUTE_DTYPES[Precision(mode)])
+    return ModeSupport(unit.status, unit.words)
 
 
 # ---------------------------------------------------------------------------------------
