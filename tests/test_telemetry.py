@@ -83,8 +83,10 @@ def test_gpu_fields_from_raw_h200_under_load():
     assert fields == {"gpu_util_pct": 100.0, "mem_util_pct": 62.0,
                       "gpu_mem_used_bytes": 81_604_378_624, "power_w": 689.512,
                       "power_limit_w": 700.0, "temp_c": 61.0, "sm_clock_mhz": 1755.0,
-                      "throttle_reasons": "sw power cap"}
-    assert set(fields) | {"t_s", "cpu_pct", "rss_bytes"} == set(TELEMETRY_COLUMNS)
+                      "throttle_reasons": "sw power cap", "sm_clock_max_mhz": None,
+                      "gpu_other_procs": None}
+    host_fields = {"t_s", "cpu_pct", "rss_bytes", "load_per_core", "others_cpu_cores", "steal_pct"}
+    assert set(fields) | host_fields == set(TELEMETRY_COLUMNS)
 
 
 def test_gpu_fields_idle_and_unsupported():
@@ -128,7 +130,9 @@ def test_sampler_without_nvml_still_records_cpu_fields():
     for row in rows:
         assert tuple(row) == TELEMETRY_COLUMNS
         assert row["gpu_util_pct"] is None and row["power_w"] is None
-        assert row["rss_bytes"] > 0 and row["cpu_pct"] is not None
+        assert row["rss_bytes"] > 0
+    # cpu_pct needs an interval of >= MIN_SAMPLE_INTERVAL_S; at 20 Hz most samples carry none.
+    assert any(row["cpu_pct"] is not None for row in rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,7 +160,7 @@ def test_sampler_rows_batches_and_flush_on_stop():
     times = [row["t_s"] for row in rows]
     assert times == sorted(times) and start_s - 1 < times[0] and times[-1] < time.time() + 1
     assert all(tuple(row) == TELEMETRY_COLUMNS for row in rows)
-    assert max(row["cpu_pct"] for row in rows) > 0  # we kept this process busy
+    assert max(row["cpu_pct"] or 0 for row in rows) > 0  # we kept this process busy
     assert all(row["gpu_util_pct"] is None for row in rows)  # CPU device: no GPU fields
 
 

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from engine.hardware.contention import ContentionProbe
 from engine.hardware.nvml import NvmlSession, nvml_index, nvml_query
 from engine.schema import TELEMETRY_COLUMNS
 
@@ -91,6 +92,8 @@ def gpu_fields_from_raw(raw: dict[str, Any]) -> dict[str, Any]:
         "power_limit_w": _mw_to_w(raw.get("power_limit_mw")),
         "temp_c": _float_or_none(raw.get("temp_c")),
         "sm_clock_mhz": _float_or_none(raw.get("sm_clock_mhz")),
+        "sm_clock_max_mhz": _float_or_none(raw.get("sm_clock_max_mhz")),
+        "gpu_other_procs": _int_or_none(raw.get("other_procs")),
         # "" = no reason reported; None = the query itself is unsupported here.
         "throttle_reasons": ", ".join(decode_clock_event_reasons(mask)) if mask is not None else None,
     }
@@ -133,8 +136,24 @@ def read_gpu_raw(nvml, handle) -> dict[str, Any]:
         "power_limit_mw": nvml_query(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle),
         "temp_c": nvml_query(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
         "sm_clock_mhz": nvml_query(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": nvml_query(nvml, "nvmlDeviceGetMaxClockInfo", handle,
+                                       nvml.NVML_CLOCK_SM),
+        "other_procs": other_gpu_processes(nvml, handle),
         "clocks_event_mask": _clocks_event_mask(nvml, handle),
     }
+
+
+def other_gpu_processes(nvml, handle, own_pids: set[int] | None = None) -> int | None:
+    """Processes other than ours with a compute context on this GPU (None: unsupported).
+
+    The sampler runs in the trainer, so "ours" is this process (a multi-process run puts
+    one rank per GPU, each with its own sampler).
+    """
+    procs = nvml_query(nvml, "nvmlDeviceGetComputeRunningProcesses", handle)
+    if procs is None:
+        return None
+    own = own_pids if own_pids is not None else {os.getpid()}
+    return sum(1 for proc in procs if getattr(proc, "pid", None) not in own)
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,35 +161,28 @@ def read_gpu_raw(nvml, handle) -> dict[str, Any]:
 
 
 class ProcessStats:
-    """cpu_pct and rss_bytes of one process via psutil (None fields when psutil fails).
+    """cpu_pct and rss_bytes of one process, and the host contention fields
+    (engine.hardware.contention); None fields when psutil fails.
 
-    cpu_pct is psutil's per-process percentage: 100 = one core fully busy, so a training
-    process using 8 threads can read 800.
+    cpu_pct counts the process and its children (DataLoader workers): 100 = one core fully
+    busy, so a training process using 8 threads can read 800. It is None on the first
+    sample (no interval yet), never an artefact of a microsecond-long interval.
     """
 
     def __init__(self, pid: int | None = None):
-        self.process = None
-        try:
-            import psutil
-
-            self.process = psutil.Process(pid or os.getpid())
-            self.process.cpu_percent(interval=None)  # first call primes the counter, returns 0
-        except Exception:
-            self.process = None
+        self.contention = ContentionProbe(pid)
+        self.process = self.contention.process
 
     def sample(self) -> dict[str, Any]:
-        if self.process is None:
-            return {"cpu_pct": None, "rss_bytes": None}
-        cpu_pct = rss_bytes = None
-        try:
-            cpu_pct = float(self.process.cpu_percent(interval=None))
-        except Exception:
-            pass
-        try:
-            rss_bytes = int(self.process.memory_info().rss)
-        except Exception:
-            pass
-        return {"cpu_pct": cpu_pct, "rss_bytes": rss_bytes}
+        row = self.contention.sample()
+        rss_bytes = None
+        if self.process is not None:
+            try:
+                rss_bytes = int(self.process.memory_info().rss)
+            except Exception:
+                pass
+        row["rss_bytes"] = rss_bytes
+        return row
 
 
 class TelemetrySampler:
@@ -201,6 +213,7 @@ class TelemetrySampler:
         self._thread: threading.Thread | None = None
         self._nvml: NvmlSession | None = None
         self._process: ProcessStats | None = None
+        self.latest: dict[str, Any] | None = None  # the last sample (the session marks steps)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> "TelemetrySampler":
@@ -248,7 +261,8 @@ class TelemetrySampler:
         next_sample_s = time.monotonic()
         last_flush_s = next_sample_s
         while not self._stop.is_set():
-            self._rows.append(self.sample())
+            self.latest = self.sample()
+            self._rows.append(self.latest)
             now_s = time.monotonic()
             if now_s - last_flush_s >= self.flush_interval_s:
                 self._flush()

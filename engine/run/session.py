@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from engine.config import RunConfig
+from engine.analysis.contention import assess, sample_is_busy
+from engine.config import COMPUTE_DTYPES, RunConfig
+from engine.hardware.contention import logical_cores
 from engine.hardware.devices import get_device
 from engine.hardware.peaks import fp8_advice, peak_for
 from engine.schema import (
@@ -32,6 +34,7 @@ from engine.schema import (
     OOM,
     RUNNING,
     RUNS_DIRNAME,
+    STEADY,
     STOPPED,
     plausible_mfu,
 )
@@ -127,14 +130,17 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     from engine.training.loop import Diverged, train  # imports torch
 
     cfg = spec.cfg
+    if cfg.is_speedup_check:
+        return run_speedup_session(spec, close_metrics)
     peak = device_peak(spec.sink, spec.run_id, spec.device_key, cfg) if spec.lead else None
     if peak and spec.parallel is not None and spec.device_key.startswith("cuda"):
         peak *= spec.parallel.world_size  # one GPU per rank; CPU ranks share one CPU's peak
     sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
+    marker = ContentionMarker(sampler)
     try:
-        result = train(cfg, spec.device_key, emit=spec.emit, should_stop=spec.should_stop,
-                       run_dir=spec.run_dir, on_window=spec.on_window, peak_flops=peak,
-                       parallel=spec.parallel)
+        result = train(cfg, spec.device_key, emit=marker.wrap(spec.emit),
+                       should_stop=spec.should_stop, run_dir=spec.run_dir,
+                       on_window=spec.on_window, peak_flops=peak, parallel=spec.parallel)
     except Diverged as exc:
         close_metrics()
         return Outcome(DIVERGED, str(exc))
@@ -151,6 +157,7 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     close_metrics()
     summary = result_summary(result, peak) if spec.lead else {}
     if spec.lead:
+        summary["contention"] = marker.verdict()
         if spec.parallel is not None:
             summary["parallel"] = spec.parallel.describe()
         if not spec.keep_trace_path:
@@ -161,6 +168,99 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
             summary["trace_path"] = run_relative_path(spec.run_id, summary["trace_path"])
         spec.sink.merge_summary(spec.run_id, summary)
     return Outcome(STOPPED if result.status == "stopped" else FINISHED, result.reason, summary)
+
+
+class ContentionMarker:
+    """Marks each logged step with whether the machine was busy (the sampler's latest
+    sample), and keeps the steady steps' samples for the run's contention verdict."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.cores = logical_cores()
+        self.steady_samples: dict[float, dict] = {}  # by sample time: each sample once
+
+    def wrap(self, emit: Callable[[list[dict]], None]) -> Callable[[list[dict]], None]:
+        def marked(rows: list[dict]) -> None:
+            latest = self.sampler.latest
+            busy = sample_is_busy(latest, self.cores)
+            for row in rows:
+                row["host_busy"] = None if busy is None else int(busy)
+                if latest and row.get("phase") == STEADY:
+                    self.steady_samples[latest["t_s"]] = latest
+            emit(rows)
+        return marked
+
+    def verdict(self) -> dict[str, Any]:
+        return assess(self.steady_samples.values(), self.cores)
+
+
+def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome:
+    """A paired speedup check (cfg.speedup_modes) instead of a training run: the result so
+    far is merged into the summary ("speedup") after every round, for Live and the CLI."""
+    from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
+    from engine.training.speedup import measure_speedup  # imports torch
+
+    cfg = spec.cfg
+    peaks = speedup_peaks(spec.device_key, cfg) if spec.lead else {}
+    sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
+    cores = logical_cores()
+    samples: dict[float, dict] = {}
+
+    def on_round() -> None:
+        if sampler.latest:
+            samples[sampler.latest["t_s"]] = sampler.latest
+
+    def on_progress(result: dict[str, Any]) -> None:
+        result = with_context(result, peaks, assess(samples.values(), cores))
+        spec.sink.merge_summary(spec.run_id, {"speedup": {**result, "running": True}})
+
+    try:
+        result = measure_speedup(cfg, spec.device_key, on_progress=on_progress,
+                                 should_stop=spec.should_stop, on_round=on_round)
+    except BaseException as exc:  # noqa: BLE001 - every ending is an outcome
+        close_metrics()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        spec.log(traceback.format_exc().rstrip())
+        if is_oom(exc):
+            return Outcome(OOM, _record_oom(spec, exc), error=exc)
+        return Outcome(FAILED, f"{type(exc).__name__}: {exc}"[:2000], error=exc)
+    finally:
+        sampler.stop()
+    close_metrics()
+    contention = assess(samples.values(), cores)
+    summary = {"speedup": {**with_context(result, peaks, contention), "running": False},
+               "contention": contention}
+    spec.sink.merge_summary(spec.run_id, summary)
+    stopped = result["stopped_by"] == "stop requested"
+    reason = (f"stopped by request after {result['rounds']} rounds" if stopped else
+              f"{result['rounds']} rounds of {result['block_steps']} steps per mode "
+              f"(stopped by {result['stopped_by']})")
+    return Outcome(STOPPED if stopped else FINISHED, reason, summary)
+
+
+def speedup_peaks(device_key: str, cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """Per mode of a speedup check: the measured (or datasheet) matmul rate of its dtype,
+    so the result can say how much of it the model's matmuls reached."""
+    out = {}
+    device = get_device(device_key)
+    for mode in dict.fromkeys(cfg.speedup_mode_list):
+        try:
+            dtype = COMPUTE_DTYPES[mode]
+            out[mode] = {"dtype": dtype, **peak_for(device, dtype).to_dict()}
+        except Exception as exc:  # noqa: BLE001 - the explanation is optional; the check is not
+            out[mode] = {"dtype": None, "flops_per_s": None, "source": "n/a", "note": str(exc)}
+    return out
+
+
+def with_context(result: dict[str, Any], peaks: dict[str, dict[str, Any]],
+                 contention: dict[str, Any]) -> dict[str, Any]:
+    """The check's result with each mode's matmul peak and the contention verdict."""
+    modes = []
+    for row in result["modes"]:
+        mode = row["mode"].split(" (")[0]
+        modes.append({**row, "peak": peaks.get(mode)})
+    return {**result, "modes": modes, "contention": contention}
 
 
 def run_relative_path(run_id: str, path: str | Path) -> str:

@@ -1,0 +1,148 @@
+"""`python -m engine speedup`: the paired speedup check, headless.
+
+The check is a run like any other (queued for the device, stoppable, listed, kept in the
+store), whose trainer measures 2-4 modes interleaved (engine.training.speedup) instead of
+training one. The same stored result is what Live, Compare and the HTML report show.
+Progress (rounds, the widest interval) goes to stderr; with --json the last stdout line
+is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from engine.analysis.speedup import is_significant
+from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, typed
+from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
+from engine.run.launcher import reconcile, stop
+from engine.schema import FINAL_STATUSES, FINISHED
+from engine.store import Store
+
+
+def add_subparsers(sub) -> None:
+    parser = sub.add_parser(
+        "speedup", help="paired speedup check: 2-4 precision modes interleaved in one "
+                        "process, speedups with 95 % intervals")
+    parser.add_argument("--precisions", default=None, metavar="MODE,MODE[,...]",
+                        help="the modes to compare, baseline first (e.g. fp32,bf16-amp,fp16-amp); "
+                             "a mode twice is an A/A check of the method")
+    parser.add_argument("--budget-s", dest="budget_s", type=typed(float, "--budget-s"),
+                        default=None, help="time budget of the timed rounds (default 120)")
+    parser.add_argument("--target-pct", dest="target_pct", type=typed(float, "--target-pct"),
+                        default=None, help="stop once every interval is within this %% of its "
+                                           "speedup (default 3)")
+    _add_config_options(parser)
+    parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    parser.set_defaults(func=cmd_speedup, from_run=None)
+
+
+def speedup_config(args: argparse.Namespace):
+    """The check's RunConfig: --precisions (or --speedup-modes), the baseline as precision."""
+    if args.precisions is not None and args.speedup_modes is not None:
+        raise UsageError(f"--precisions {args.precisions!r}: give the modes once, with "
+                         "--precisions or --speedup-modes")
+    modes = args.precisions if args.precisions is not None else args.speedup_modes
+    if not modes:
+        raise UsageError("--precisions: missing; give 2-4 modes, baseline first, e.g. "
+                         "--precisions fp32,bf16-amp")
+    args.speedup_modes = modes
+    first = modes.split(",")[0].strip()
+    if args.precision is not None and args.precision != first:
+        raise UsageError(f"--precision {args.precision!r}: a speedup check's baseline is the "
+                         f"first of --precisions ({first!r}); leave --precision out")
+    args.precision = first
+    if args.budget_s is not None:
+        args.speedup_budget_s = args.budget_s
+    if args.target_pct is not None:
+        args.speedup_target_pct = args.target_pct
+    return config_from_args(args)
+
+
+def cmd_speedup(args: argparse.Namespace) -> int:
+    cfg = speedup_config(args)
+    store = Store()
+    run_id = _launch_checked(cfg, store)
+    print(f"speedup check {run_id}: {', '.join(cfg.speedup_mode_list)} on {cfg.model_label} "
+          f"bs{cfg.batch_size}, budget {cfg.speedup_budget_s:g} s", file=sys.stderr)
+    try:
+        run = _follow(run_id, store)
+    except KeyboardInterrupt:
+        print(f"\nstopping speedup check {run_id} ...", file=sys.stderr)
+        run = stop(run_id, store)
+    result = check_result(run_id, store)
+    print(json.dumps(result) if args.json else format_result(result))
+    return EXIT_OK if run.status == FINISHED else EXIT_RUN_FAILED
+
+
+def _follow(run_id: str, store: Store):
+    last_rounds, last_reconcile = -1, time.monotonic()
+    while True:
+        run = store.get_run(run_id)
+        progress = run.summary.get("speedup") or {}
+        if progress.get("rounds", -1) != last_rounds and progress:
+            last_rounds = progress["rounds"]
+            print(f"  {progress_line(progress)}", file=sys.stderr)
+        if run.status in FINAL_STATUSES:
+            return run
+        if time.monotonic() - last_reconcile > 2.0:
+            reconcile(store)
+            last_reconcile = time.monotonic()
+        time.sleep(0.3)
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    done = min(1.0, progress["elapsed_s"] / progress["budget_s"]) if progress.get("budget_s") else 0
+    bar = "#" * int(done * 20)
+    width = progress.get("widest_half_width_pct")
+    parts = [f"[{bar:<20}] round {progress['rounds']}",
+             f"{progress['elapsed_s']:.0f}/{progress['budget_s']:.0f} s"]
+    if width is not None:
+        parts.append(f"widest interval +/-{width:.1f} % (target {progress['target_pct']:g} %)")
+    for row in progress.get("modes", [])[1:]:
+        if row.get("ci_low") is not None:
+            parts.append(f"{row['mode']} {row['speedup']:.2f}x [{row['ci_low']:.2f}-{row['ci_high']:.2f}]")
+    return ", ".join(parts)
+
+
+def check_result(run_id: str, store: Store) -> dict[str, Any]:
+    """The stored result as the CLI prints it: per mode keyed by its label."""
+    run = store.get_run(run_id)
+    result = run.summary.get("speedup") or {}
+    modes = {}
+    for row in result.get("modes", []):
+        modes[row["mode"]] = {key: row.get(key) for key in (
+            "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low", "ci_high",
+            "significant", "peak_mem_bytes", "blocks", "words")}
+    return {"run_id": run.id, "status": run.status, "reason": run.reason,
+            "baseline": result.get("baseline"), "modes": modes,
+            "rounds": result.get("rounds"), "block_steps": result.get("block_steps"),
+            "elapsed_s": result.get("elapsed_s"), "stopped_by": result.get("stopped_by"),
+            "memory_method": result.get("memory_method"),
+            "contention": run.summary.get("contention") or result.get("contention"),
+            "device": run.device_key, "device_name": run.device_name,
+            "model": run.config.model_label, "batch_size": run.config.batch_size}
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [f"speedup check {result['run_id']}: {result['status']}"
+             + (f" ({result['reason']})" if result.get("reason") else "")]
+    contention = result.get("contention") or {}
+    if contention.get("words"):
+        lines.append(f"  {contention['words']}")
+    lines.append(f"  {'mode':<14} {'median step':>12} {'samples/s':>11} {'speedup':>9} "
+                 f"{'95 % CI':>13} {'peak mem':>10}  verdict")
+    for label, row in result["modes"].items():
+        ci = (f"{row['ci_low']:.2f}-{row['ci_high']:.2f}" if row.get("ci_low") is not None
+              else "-")
+        mem = f"{row['peak_mem_bytes'] / 2**20:,.0f} MiB" if row.get("peak_mem_bytes") else "-"
+        verdict = row.get("words") or ""
+        if contention.get("busy") and label != result["baseline"] and is_significant(row):
+            verdict += " (machine busy: not a claim)"
+        lines.append(f"  {label:<14} {row['median_step_ms'] or 0:>9.2f} ms "
+                     f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "
+                     f"{ci:>13} {mem:>10}  {verdict}")
+    return "\n".join(lines)

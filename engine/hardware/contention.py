@@ -1,0 +1,133 @@
+"""How much of the machine the trainer had: host CPU contention measured at run time.
+
+A throughput figure means something only if the trainer had the machine to itself. Per
+sample (the telemetry thread, 2 Hz) this reads, over the interval since the last sample:
+
+- cpu_pct: CPU time of the trainer and its children (DataLoader workers) / wall time,
+  100 = one core; None on the first sample and on intervals too short to be meaningful
+  (a 0.1 ms interval with one 10 ms scheduler tick would read 10000 %);
+- others_cpu_cores: CPU used by every other process, in cores' worth: the machine's busy
+  time from /proc/stat minus the trainer's own;
+- steal_pct: time the hypervisor ran other guests on this VM's CPUs (/proc/stat steal);
+- load_per_core: the 1-minute load average over logical cores (lags; context only).
+
+What counts as busy is decided in one place: engine.analysis.contention.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+# Below this interval a CPU-share sample is mostly the scheduler tick's rounding.
+MIN_SAMPLE_INTERVAL_S = 0.2
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def logical_cores() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def read_proc_stat(path: str = "/proc/stat") -> dict[str, float] | None:
+    """Machine-wide CPU seconds: busy (everything but idle and iowait), steal, total."""
+    try:
+        with open(path) as handle:
+            first = handle.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal guest guest_nice (guest is in user)
+    values = [float(v) / _CLOCK_TICKS for v in first[1:]] + [0.0] * 10
+    user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+    busy = user + nice + system + irq + softirq
+    return {"busy_s": busy, "steal_s": steal, "total_s": busy + idle + iowait + steal}
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of one process from /proc/<pid>/stat (fields 14 and 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the name in parentheses may hold spaces
+    try:
+        return (float(fields[11]) + float(fields[12])) / _CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Direct children started by the process's main thread (where DataLoader forks)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(token) for token in handle.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+class ContentionProbe:
+    """Per-interval CPU shares of the trainer (pid, default this process) and the rest.
+
+    Reads /proc directly, a handful of files per sample: psutil's children() scans every
+    process on the machine, and each of those reads hands the GIL back to a busy training
+    thread, so a 2 Hz sampler could take most of a second per sample.
+    """
+
+    def __init__(self, pid: int | None = None):
+        self.cores = logical_cores()
+        self.pid = pid or os.getpid()
+        self.process = None
+        try:
+            import psutil
+
+            self.process = psutil.Process(self.pid)
+        except Exception:  # psutil missing or the process gone: rss reads None
+            self.process = None
+        self._last: tuple[float, float | None, dict[str, float] | None] = (
+            time.monotonic(), self._family_cpu_s(), read_proc_stat())
+
+    def _family_cpu_s(self) -> float | None:
+        """CPU seconds of the trainer and its live children (workers count as the run's)."""
+        own = _proc_cpu_s(self.pid)
+        if own is None:
+            return None
+        return own + sum(_proc_cpu_s(child) or 0.0 for child in _child_pids(self.pid))
+
+    def sample(self) -> dict[str, Any]:
+        now_s, family_s, stat = time.monotonic(), self._family_cpu_s(), read_proc_stat()
+        last_s, last_family_s, last_stat = self._last
+        wall_s = now_s - last_s
+        row: dict[str, Any] = {"cpu_pct": None, "others_cpu_cores": None, "steal_pct": None,
+                               "load_per_core": _load_per_core(self.cores)}
+        if wall_s < MIN_SAMPLE_INTERVAL_S:
+            return row  # keep the old reference point: the next sample spans more time
+        self._last = (now_s, family_s, stat)
+        ours_s = None
+        if family_s is not None and last_family_s is not None:
+            # A child that exited takes its CPU time with it: never a negative share.
+            ours_s = max(0.0, family_s - last_family_s)
+            row["cpu_pct"] = min(100.0 * self.cores, ours_s / wall_s * 100.0)
+        if stat is not None and last_stat is not None:
+            total_s = stat["total_s"] - last_stat["total_s"]
+            busy_s = stat["busy_s"] - last_stat["busy_s"]
+            if total_s > 0:
+                row["steal_pct"] = max(0.0, (stat["steal_s"] - last_stat["steal_s"]) / total_s * 100)
+                if ours_s is not None:
+                    # busy_s is in CPU seconds over all cores; per wall second = cores used.
+                    row["others_cpu_cores"] = min(float(self.cores),
+                                                  max(0.0, (busy_s - ours_s) / wall_s))
+        return row
+
+
+def _load_per_core(cores: int) -> float | None:
+    try:
+        return os.getloadavg()[0] / cores
+    except (AttributeError, OSError):
+        return None
