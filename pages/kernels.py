@@ -3,6 +3,7 @@ kernel names as evidence. For a run's profiler window, or any uploaded trace fil
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
+from engine.analysis.explain import analyze as analyze_trace_file
+from engine.analysis.explain import explain_diff
+from engine.analysis.traces import short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, status_badge
@@ -26,22 +30,89 @@ store = get_store()
 
 
 @st.cache_data(show_spinner="Analysing the trace...", max_entries=16)
-def analyze(path: str, mtime_ns: int) -> dict:
+def analyze(path: str, mtime_ns: int, cpu_evidence_json: str | None = None) -> dict:
     """Cached per file version: re-analysing a 100 MB trace on every rerun is not an option."""
-    from engine.analysis.traces import analyze_trace
+    evidence = json.loads(cpu_evidence_json) if cpu_evidence_json else None
+    return analyze_trace_file(path, cpu_evidence=evidence)
 
-    return analyze_trace(path)
+
+@st.cache_data(show_spinner="Comparing the two traces...", max_entries=8)
+def compare(path_a: str, mtime_a: int, path_b: str, mtime_b: int, label_a: str,
+            label_b: str) -> dict:
+    return explain_diff(path_a, path_b, label_a=label_a, label_b=label_b)
+
+
+_SHOW = {"success": st.success, "warning": st.warning, "error": st.error, "info": st.info}
 
 
 def verdict_banner(result: dict) -> None:
+    """The verdict, how busy the GPU was, what bounds the step and what to try: one box,
+    so the advice is where the eye lands (trace text escaped, never Markdown)."""
+    banner = result.get("banner") or {}
     verdict = result.get("verdict") or {}
-    answer = verdict.get("tensor_cores", "unknown")
-    headline = verdict.get("headline") or "No verdict"
-    {"yes": st.success, "partly": st.warning, "no": st.error}.get(answer, st.info)(
-        f"**{plain(headline)}**")
-    if verdict.get("evidence"):  # kernel names from the trace: shown as text
-        st.caption("Evidence kernels:")
-        st.code("\n".join(str(name) for name in verdict["evidence"][:5]), language=None)
+    headline = banner.get("headline") or verdict.get("headline") or "No verdict"
+    text = f"**{plain(headline)}**"
+    if banner.get("sentence"):
+        text += f"\n\n{plain(banner['sentence'])}"
+    if banner.get("advice"):
+        text += "\n\nTry:\n" + "\n".join(f"- {plain(advice)}" for advice in banner["advice"])
+    _SHOW.get(banner.get("tone"), st.info)(text)
+    evidence = [str(name) for name in verdict.get("evidence") or []][:5]
+    if evidence:  # kernel names from the trace: shown as text
+        st.caption("Evidence kernels (template arguments elided):")
+        st.code("\n".join(short_kernel_name(name) for name in evidence), language=None)
+        with st.expander("Full kernel names"):
+            st.code("\n\n".join(evidence), language=None)
+
+
+def defects_warning(result: dict) -> None:
+    if result.get("malformed_events"):
+        st.warning(f"{result['malformed_events']} malformed event(s) in this trace (a name that "
+                   "is not text, an id that is a list or an object) were left out of every sum.")
+    if result.get("bad_duration_events"):
+        st.warning(f"{result['bad_duration_events']} event(s) with a missing or negative "
+                   "duration (a defect of the trace) were left out of every sum.")
+
+
+def _ms(us) -> str:
+    return f"{(us or 0) / 1000:,.3f} ms"
+
+
+def _pct(share) -> str:
+    return "n/a" if share is None else f"{100 * share:.1f} %"
+
+
+def parts_table(accounting: dict, key: str) -> None:
+    step_us = accounting.get("step_time_us") or 0
+    rows = [{"part": part, "time_ms_per_step": round(us / 1000, 3),
+             "share_of_step": _pct(us / step_us if step_us else None)}
+            for part, us in (accounting.get("parts_per_step_us") or {}).items() if us]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key=key)
+
+
+def gpu_accounting(accounting: dict) -> None:
+    st.subheader("Where the step's time went")
+    window = accounting["window"]
+    st.caption(f"Window {_ms(accounting['window_us'])} ({window['source']}, "
+               f"{window['step_count']} step(s) of {_ms(accounting['step_time_us'])}). Busy = "
+               "any kernel, memcpy or memset running on any stream (the union, not the sum).")
+    cols = st.columns(4)
+    cols[0].metric("GPU busy", _ms(accounting["busy_us"]), _pct(accounting["busy_share"]),
+                   delta_color="off")
+    cols[1].metric("GPU idle", _ms(accounting["idle_us"]), _pct(accounting["idle_share"]),
+                   delta_color="off")
+    cols[2].metric("Copies (memcpy/memset)", _ms(accounting["copy_us"]))
+    cols[3].metric("Communication hidden under compute", _ms(accounting["overlap_us"]),
+                   help=f"of {_ms(accounting['communication_us'])} communication")
+    parts_table(accounting, "gpu_parts")
+    if accounting.get("steps"):
+        st.caption("Per profiler step")
+        st.dataframe(pd.DataFrame(accounting["steps"]), hide_index=True, key="gpu_steps")
+    st.caption("Per stream")
+    st.dataframe(pd.DataFrame(accounting["streams"]), hide_index=True, key="gpu_streams")
+    if accounting.get("copies"):
+        st.caption("Copies by direction")
+        st.dataframe(pd.DataFrame(accounting["copies"]), hide_index=True, key="gpu_copies")
 
 
 def category_chart(result: dict) -> None:
@@ -56,12 +127,10 @@ def category_chart(result: dict) -> None:
 
 
 def gpu_report(result: dict) -> None:
-    if result.get("malformed_events"):
-        st.warning(f"{result['malformed_events']} malformed event(s) in this trace (a name that "
-                   "is not text, an id that is a list or an object) were left out of every sum.")
+    defects_warning(result)
     verdict_banner(result)
     cols = st.columns(4)
-    cols[0].metric("Kernel time", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
+    cols[0].metric("Kernel time (summed)", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
     share = result.get("tensor_core_share")
     cols[1].metric("Tensor-Core share (all)", "n/a" if share is None else f"{100 * share:.1f} %")
     mshare = result.get("matrix_tensor_core_share")
@@ -70,8 +139,10 @@ def gpu_report(result: dict) -> None:
     cols[3].metric("Device", result.get("device") or "unknown")
     category_chart(result)
     st.subheader("Top kernels")
-    st.dataframe(pd.DataFrame(result.get("top_kernels") or []), hide_index=True,
-                 key="top_kernels")
+    top = pd.DataFrame(result.get("top_kernels") or [])
+    if not top.empty:
+        top.insert(0, "kernel", [short_kernel_name(name) for name in top["name"]])
+    st.dataframe(top, hide_index=True, key="top_kernels")
     could = result.get("could_have_didnt") or []
     st.subheader("Could have, didn't")
     if could:
@@ -81,6 +152,52 @@ def gpu_report(result: dict) -> None:
         st.caption("No matrix op ran without Tensor Cores in this window.")
     with st.expander("Per CPU op"):
         st.dataframe(pd.DataFrame(result.get("per_op") or []), hide_index=True, key="per_op")
+    if (result.get("accounting") or {}).get("kind") == "gpu":
+        gpu_accounting(result["accounting"])
+
+
+def cpu_accounting(result: dict) -> None:
+    """A CPU run's step from its CPU ops' self time: no GPU wording, no cuBLAS tokens."""
+    defects_warning(result)
+    accounting = result["accounting"]
+    verdict_banner({"banner": result.get("banner"), "verdict": {}})
+    st.subheader("Where the step's time went (CPU ops, self time)")
+    cols = st.columns(3)
+    cols[0].metric("Step", _ms(accounting["step_time_us"]))
+    cols[1].metric("Casts (aten::to / _to_copy / copy_)", _pct(accounting["cast_share"]),
+                   help="Share of the window spent converting dtypes")
+    cols[2].metric("Outside any op (Python, framework)", _pct(accounting["idle_share"]))
+    parts_table(accounting, "cpu_parts")
+    if accounting.get("matrix_ops"):
+        st.caption("Matrix ops and the oneDNN primitive behind them")
+        st.dataframe(pd.DataFrame(accounting["matrix_ops"]), hide_index=True, key="cpu_matrix_ops")
+    st.caption("CPU ops by self time")
+    st.dataframe(pd.DataFrame(accounting["ops"]), hide_index=True, key="cpu_ops")
+
+
+def diff_report(diff: dict) -> None:
+    st.subheader(f"Why B ({diff['label_b']}) against A ({diff['label_a']})")
+    st.info(plain(diff["sentence"]))
+    st.dataframe(pd.DataFrame(diff["parts"]), hide_index=True, key="diff_parts")
+    for key, who in (("only_in_a", "A"), ("only_in_b", "B")):
+        if diff[key]:
+            st.caption(f"Only in {who}")
+            rows = [{**row, "name": short_kernel_name(row["name"])} for row in diff[key]]
+            st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"diff_{key}")
+
+
+def report(result: dict) -> None:
+    if (result.get("accounting") or {}).get("kind") == "cpu":
+        cpu_accounting(result)
+    else:
+        gpu_report(result)
+
+
+def _saved_upload(upload) -> str:
+    suffix = ".json.gz" if upload.name.endswith(".gz") else ".json"
+    with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as handle:
+        handle.write(upload.getbuffer())
+    return handle.name
 
 
 def cpu_report(evidence: dict) -> None:
@@ -105,20 +222,25 @@ source = st.radio("Source", ["A run's profiler window", "Upload a trace file"], 
 if source == "Upload a trace file":
     upload = st.file_uploader("PyTorch profiler trace (Chrome trace JSON, .json or .json.gz)",
                               type=["json", "gz"], key="trace_upload")
+    upload_b = st.file_uploader("Optional: a second trace (B) to compare with the first (A)",
+                                type=["json", "gz"], key="trace_upload_b")
     if upload is not None:
-        suffix = ".json.gz" if upload.name.endswith(".gz") else ".json"
-        with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as handle:
-            handle.write(upload.getbuffer())
+        saved = {upload.name: _saved_upload(upload)}
+        if upload_b is not None:
+            saved[upload_b.name] = _saved_upload(upload_b)
         try:
-            from engine.analysis.traces import analyze_trace
-
-            gpu_report(analyze_trace(handle.name))
+            report(analyze_trace_file(saved[upload.name]))
+            if upload_b is not None:
+                diff_report(explain_diff(saved[upload.name], saved[upload_b.name]))
         except (ValueError, OSError) as exc:
-            # Named by the file the user chose, not this server's temporary path.
-            message = str(exc).replace(handle.name, upload.name)
+            # Named by the files the user chose, not this server's temporary paths.
+            message = str(exc)
+            for name, temporary in saved.items():
+                message = message.replace(temporary, name)
             st.error(f"Cannot read {plain(upload.name)}: {plain(message)}")
         finally:
-            Path(handle.name).unlink(missing_ok=True)
+            for temporary in saved.values():
+                Path(temporary).unlink(missing_ok=True)
     st.stop()
 
 if not runs:
@@ -152,11 +274,29 @@ if run.summary.get("gpm_tensor_util_pct") is not None:
 elif run.summary.get("gpm_note"):
     st.caption(f"Counter-based confirmation (NVML GPM): {plain(run.summary['gpm_note'])}")
 trace_path = store.run_dir(run.id) / TRACE_FILENAME
+evidence = run.summary.get("cpu_evidence")
 if run.device_key.startswith("cuda") and trace_path.exists():
     gpu_report(analyze(str(trace_path), trace_path.stat().st_mtime_ns))
-elif run.summary.get("cpu_evidence"):
-    cpu_report(run.summary["cpu_evidence"])
+elif evidence:
+    cpu_report(evidence)
+if not run.device_key.startswith("cuda") and trace_path.exists():
+    cpu_accounting(analyze(str(trace_path), trace_path.stat().st_mtime_ns,
+                           json.dumps(evidence) if evidence else None))
 if trace_path.exists():
+    others = [r for r in runs if r.id != run.id and (store.run_dir(r.id) / TRACE_FILENAME).exists()]
+    other_id = st.selectbox("Compare with another run's window (B)", [None] + [r.id for r in others],
+                            format_func=lambda i: "nothing" if i is None else next(
+                                f"{r.config.label} · {r.id}" for r in others if r.id == i),
+                            key="kernels_compare_run")
+    if other_id is not None:
+        other_trace = store.run_dir(other_id) / TRACE_FILENAME
+        other = next(r for r in others if r.id == other_id)
+        try:
+            diff_report(compare(str(trace_path), trace_path.stat().st_mtime_ns, str(other_trace),
+                                other_trace.stat().st_mtime_ns, run.config.label,
+                                other.config.label))
+        except ValueError as exc:  # e.g. a GPU run against a CPU run: the message says so
+            st.error(plain(str(exc).replace(str(store.home), "<data dir>")))
     st.download_button("Download trace (open in Perfetto or chrome://tracing)",
                        data=trace_path.read_bytes(), file_name=f"{run.id}-{TRACE_FILENAME}",
                        mime="application/gzip", key="download_trace")

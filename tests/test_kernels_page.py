@@ -96,3 +96,43 @@ def test_cpu_run_shows_the_onednn_evidence(store):
     at = _kernels_page(run_id)
     assert any("CPU matrix unit" in box.value and "avx2" in box.value for box in at.info)
     assert at.dataframe[0].value.iloc[0]["implementation"] == "jit:avx2"
+
+
+def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
+    run_id = _gpu_run(store, "a100_conv_nccl_hta.json.gz", "tf32")
+    at = _kernels_page(run_id)
+    banner = at.success[0].value.replace("\\", "")  # as shown: the escapes are not drawn
+    assert "but the GPU was idle 76 % of the step" in banner
+    assert "CPU/launch-bound" in banner and "CUDA graphs" in banner
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["GPU busy"] == "157.500 ms" and metrics["GPU idle"] == "509.726 ms"
+    assert metrics["Communication hidden under compute"] == "7.317 ms"
+    frames = [df.value for df in at.dataframe]
+    steps = next(f for f in frames if "step_time_us" in f.columns)
+    assert list(steps["step"]) == [4, 5, 6]
+    streams = next(f for f in frames if "stream" in f.columns and "busy_us" in f.columns)
+    assert list(streams["stream"]) == [7, 40]
+    # evidence: short names in the list, the full (template) names on the expander
+    short, full = at.code[0].value, at.code[1].value
+    assert short and "(" not in short  # no argument lists in the list
+    for line in short.splitlines():
+        assert line.split("<")[0] in full
+
+
+def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
+    from _real_runs import record_run, tiny_config
+
+    fp32 = record_run(store, tiny_config("fp32", profile=True, steps=8, warmup_steps=2))
+    bf16 = record_run(store, tiny_config("bf16-amp", profile=True, steps=8, warmup_steps=2))
+    at = _kernels_page(fp32)
+    text = " ".join(box.value for box in at.info).replace("\\", "")
+    assert "CPU run: " in text and "cuBLAS" not in text and "Tensor Cores" not in text
+    labels = [m.label for m in at.metric]
+    assert "Casts (aten::to / _to_copy / copy_)" in labels
+    parts = next(df.value for df in at.dataframe if "time_ms_per_step" in df.value.columns)
+    assert "idle" in list(parts["part"])
+    at.selectbox(key="kernels_compare_run").set_value(bf16).run()
+    assert not at.exception, at.exception
+    assert any("-> step" in box.value.replace("\\", "") for box in at.info)
+    diff = next(df.value for df in at.dataframe if "share_of_a" in df.value.columns)
+    assert list(diff["part"])[0] == "matrix"

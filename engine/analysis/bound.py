@@ -39,6 +39,15 @@ ADVICE = {
              "directly",
              "Keep matrix dimensions multiples of 8 (16 for fp8) so the fast kernels are chosen"],
 }
+# A CPU run has no Tensor Cores, kernels or CUDA graphs: its own words.
+CPU_ADVICE = {
+    "cpu_launch": ["Larger batch: more work per op dispatch",
+                   "torch.compile removes Python and dispatch overhead between small ops",
+                   "Avoid .item() / printing tensors inside the step"],
+    "math": ["Matrix work dominates: bf16 autocast pays where the CPU has AMX or AVX512-BF16 "
+             "(the oneDNN primitive below says which ran)",
+             "Set torch.set_num_threads to the physical cores the run may use"],
+}
 LABELS = {"input": "input-bound", "cpu_launch": "CPU/launch-bound",
           "communication": "communication-bound", "memory": "memory-bound",
           "math": "math-bound", "unknown": "unknown"}
@@ -136,7 +145,8 @@ def bound_by(accounting: dict, data_wait_ms: float | None = None) -> dict:
     return {"verdict": verdict, "label": LABELS[verdict],
             "numbers": {k: (round(v, 4) if isinstance(v, float) else v)
                         for k, v in numbers.items()},
-            "advice": list(ADVICE.get(verdict, [])),
+            "advice": list((CPU_ADVICE if kind == "cpu" else {}).get(verdict)
+                           or ADVICE.get(verdict, [])),
             "sentence": _sentence(verdict, kind, numbers)}
 
 

@@ -60,8 +60,6 @@ def _banner(tensor_verdict: dict, accounting: dict, verdict: dict) -> dict:
         headline = busy_headline(tensor_verdict.get("headline") or "", accounting)
         tone = {"yes": "success", "partly": "warning", "no": "error"}.get(
             tensor_verdict.get("tensor_cores"), "info")
-        if tone == "success" and verdict["verdict"] in ("input", "cpu_launch", "communication"):
-            tone = "warning"  # the matrix work is fine; the step is not
     return {"headline": headline, "tone": tone, "sentence": verdict["sentence"],
             "advice": verdict["advice"]}
 

@@ -575,6 +575,34 @@ def _short_kernel_name(name: str, limit: int = 60) -> str:
     return short if len(short) <= limit else short[:limit - 3] + "..."
 
 
+def short_kernel_name(name: str, limit: int = 100) -> str:
+    """A kernel name for a list: no `void `, no argument list, and template arguments
+    elided to `<…>` unless they are one plain identifier (`cutlass::Kernel2<cutlass_80_
+    tensorop_bf16_s16816gemm_...>` keeps the part that names the kernel). The full name
+    goes on an expander."""
+    short = re.sub(r"^void\s+", "", name.strip())
+    if short.endswith(")"):
+        short = _without_arguments(short)
+    start = short.find("<")
+    if start > 0:
+        inner = short[start + 1:short.rfind(">")] if short.rfind(">") > start else ""
+        if not re.fullmatch(r"[A-Za-z0-9_]+", inner):
+            short = short[:start] + "<…>"
+    return short if len(short) <= limit else short[:limit - 1] + "…"
+
+
+def _without_arguments(text: str) -> str:
+    depth = 0
+    for pos in range(len(text) - 1, -1, -1):
+        if text[pos] == ")":
+            depth += 1
+        elif text[pos] == "(":
+            depth -= 1
+            if depth == 0:
+                return text[:pos] or text
+    return text
+
+
 def _capability_number(capability: str | None) -> float | None:
     try:
         return float(capability) if capability else None
