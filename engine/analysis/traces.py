@@ -534,8 +534,8 @@ def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> p
         "cpu_op": pd.Series(cpu_ops, dtype="object"),
     })
     verdicts = {name: classify_kernel(name) for name in table["name"].unique()}
-    for field in ("category", "tensor_core", "dtype", "reason"):
-        table[field] = table["name"].map({n: getattr(v, field) for n, v in verdicts.items()})
+    for column in ("category", "tensor_core", "dtype", "reason"):
+        table[column] = table["name"].map({n: getattr(v, column) for n, v in verdicts.items()})
     return table.sort_values("ts_us", kind="stable").reset_index(drop=True)
 
 
