@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from engine.analysis.compare import ema
 from engine.analysis.live import steady_median
+from engine.report.figures import line_mode
 from engine.schema import PROFILE
 
-_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300,
-               # Legend top right, clear of the title on the left.
-               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
+_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320,
+               # The legend under the x-axis title, at the bottom of the chart: on top it
+               # ran into the title as soon as the chart was narrow or the names long.
+               legend=dict(orientation="h", yref="container", y=0, yanchor="bottom",
+                           x=0, xanchor="left"),
                hovermode="x unified")
 
 
@@ -38,12 +44,13 @@ RAW_OPACITY = 0.3  # with smoothing on, the raw points stay visible, faint, unde
 def _series(fig: go.Figure, frame: pd.DataFrame, column: str, name: str,
             smoothing: float) -> None:
     """The raw series, and its EMA (engine.analysis.compare.ema) over it when smoothing > 0."""
+    mode = line_mode(len(frame))
     if smoothing <= 0:
-        fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=name))
+        fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode=mode, name=name))
         return
-    fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode="lines", name=f"{name} (raw)",
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame[column], mode=mode, name=f"{name} (raw)",
                              opacity=RAW_OPACITY))
-    fig.add_trace(go.Scatter(x=frame["step"], y=ema(frame[column], smoothing), mode="lines",
+    fig.add_trace(go.Scatter(x=frame["step"], y=ema(frame[column], smoothing), mode=mode,
                              name=f"{name} (EMA {smoothing:g})"))
 
 
@@ -87,21 +94,50 @@ def memory_figure(frame: pd.DataFrame, is_cuda: bool) -> go.Figure:
               else [("rss_bytes", "process RSS"), ("mem_peak_bytes", "peak RSS")])
     for column, label in series:
         if column in frame and frame[column].notna().any():
-            fig.add_trace(go.Scatter(x=frame["step"], y=frame[column] / 2**30, mode="lines",
-                                     name=label))
+            fig.add_trace(go.Scatter(x=frame["step"], y=frame[column] / 2**30,
+                                     mode=line_mode(len(frame)), name=label))
     return fig
 
 
+def power_of_two_ticks(values: pd.Series, max_ticks: int = 8) -> dict:
+    """Log-axis ticks at powers of two, labelled 2^k: GradScaler halves and doubles the
+    scale, so 2^16 -> 2^15 reads as one backoff where plotly's own "5, 2, 100k" does not.
+    Every other power (or fewer) when the range holds more than `max_ticks` of them."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    finite = numbers[np.isfinite(numbers) & (numbers > 0)]
+    if finite.empty:
+        return {}
+    low = math.floor(math.log2(finite.min()))
+    high = math.ceil(math.log2(finite.max()))
+    if low == high:  # a flat scale: one tick on each side of it
+        low, high = low - 1, high + 1
+    stride = math.ceil((high - low + 1) / max_ticks)
+    exponents = range(low, high + 1, stride)
+    return {"tickmode": "array", "tickvals": [2.0 ** k for k in exponents],
+            "ticktext": [f"2^{k}" for k in exponents]}
+
+
+def count_axis_ticks(counts: pd.Series, max_ticks: int = 6) -> dict:
+    """Whole-number ticks from 0 for an axis that counts things (plotly would label 0.5)."""
+    numbers = pd.to_numeric(counts, errors="coerce")
+    finite = numbers[np.isfinite(numbers)]
+    highest = float(finite.max()) if len(finite) else 0.0
+    step = max(1, math.ceil(highest / max_ticks))
+    return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickformat": "d",
+            "range": [0, max(1.0, highest) * 1.05]}
+
+
 def loss_scale_figure(frame: pd.DataFrame) -> go.Figure:
-    fig = _figure("Loss scale and skipped steps", "step", "loss scale")
-    fig.add_trace(go.Scatter(x=frame["step"], y=frame["loss_scale"], mode="lines",
-                             name="loss scale"))
-    fig.add_trace(go.Scatter(x=frame["step"], y=frame["skipped_steps"], mode="lines",
+    fig = _figure("Loss scale and skipped steps", "step", "loss scale (powers of two)")
+    mode = line_mode(len(frame))
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame["loss_scale"], mode=mode,
+                             name="loss scale", line=dict(shape="hv")))
+    fig.add_trace(go.Scatter(x=frame["step"], y=frame["skipped_steps"], mode=mode,
                              name="skipped steps (cumulative)", yaxis="y2",
-                             line=dict(dash="dot")))
-    fig.update_layout(yaxis_type="log",
+                             line=dict(dash="dot", shape="hv")))
+    fig.update_layout(yaxis=dict(type="log", **power_of_two_ticks(frame["loss_scale"])),
                       yaxis2=dict(title="skipped steps", overlaying="y", side="right",
-                                  rangemode="tozero"))
+                                  **count_axis_ticks(frame["skipped_steps"])))
     return fig
 
 

@@ -18,10 +18,20 @@ X_STEP, X_WALL = "step", "wall_time_s"
 X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
 PALETTE = qualitative.Plotly
 RAW_OPACITY = 0.3  # raw points stay visible, faint, under the smoothed line
-_LAYOUT = dict(margin=dict(l=10, r=10, t=50, b=10), height=340,
-               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+_LAYOUT = dict(margin=dict(l=10, r=10, t=50, b=10), height=360,
+               # The legend under the x-axis title, at the bottom of the chart: on top it
+               # covered the title (long run names, EMA on: two entries per run).
+               legend=dict(orientation="h", yref="container", y=0, yanchor="bottom",
+                           x=0, xanchor="left"),
                hovermode="closest")
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+FEW_POINTS = 50  # below this many points a line also draws its markers
+
+
+def line_mode(points: int) -> str:
+    """Markers too while a series is short: a line through one point draws nothing, so a
+    run's first logged step would stay invisible until the second arrives."""
+    return "lines+markers" if points < FEW_POINTS else "lines"
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,8 +65,8 @@ def _series_traces(frame: pd.DataFrame, column: str, name: str, color: str, x: s
         return []
     label = html.escape(name)  # plotly renders trace names as (limited) HTML
     if smoothing <= 0:
-        return [go.Scatter(x=xs, y=ys, mode="lines", name=label, legendgroup=label,
-                           line=dict(color=color))]
+        return [go.Scatter(x=xs, y=ys, mode=line_mode(len(ys)), name=label,
+                           legendgroup=label, line=dict(color=color), marker=dict(size=5))]
     return [go.Scatter(x=xs, y=ys, mode="markers", name=f"{label} (raw)",
                        legendgroup=label, showlegend=False, opacity=RAW_OPACITY,
                        marker=dict(color=color, size=4)),

@@ -73,7 +73,8 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
     return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
             f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n"
             # plotly.js inlined once, so the file opens without a network.
-            f"<script id=plotly-js>{_plotly_js()}</script>\n</head>\n"
+            f"<script id=plotly-js>{_plotly_js()}</script>\n"
+            f"<script id=print-charts>{_PRINT_SCRIPT}</script>\n</head>\n"
             f"<body>\n{body}\n</body>\n</html>\n")
 
 
@@ -87,7 +88,36 @@ tr.baseline td { font-weight: 600; }
 .meta { color: #666; }
 pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; }
 .chart { margin-bottom: 1rem; }
+/* A table wider than the page (the summary has 17 columns) scrolls inside its own box
+   on screen instead of widening the page. */
+.table-wrap { max-width: 100%; overflow-x: auto; }
+@page { margin: 12mm; }
+@media print {
+  /* Paper cannot scroll: everything wraps to the page width (A4 and Letter). */
+  body { margin: 0; max-width: none; }
+  .table-wrap { overflow: visible; }
+  table { font-size: 6.5pt; width: 100%; table-layout: auto; }
+  th, td { padding: 1px 2px; overflow-wrap: anywhere; }
+  pre { white-space: pre-wrap; overflow-wrap: anywhere; overflow: visible; }
+  .chart { break-inside: avoid; }
+}
 """
+
+PRINT_CHART_WIDTH_PX = 680  # inside A4 and Letter at 12 mm margins (703 / 725 px)
+# Plotly sizes a chart's SVG in pixels for the screen, so a printed page would cut it
+# off: print each chart at a width that fits the paper, then give it its screen size back.
+_PRINT_SCRIPT = """
+window.addEventListener('beforeprint', () => {
+  for (const el of document.querySelectorAll('.js-plotly-plot'))
+    Plotly.relayout(el, {width: %d});
+});
+window.addEventListener('afterprint', () => {
+  for (const el of document.querySelectorAll('.js-plotly-plot')) {
+    Plotly.relayout(el, {width: null, autosize: true});
+    Plotly.Plots.resize(el);
+  }
+});
+""" % PRINT_CHART_WIDTH_PX
 
 
 def _plotly_js() -> str:
@@ -126,7 +156,8 @@ def _html_table(header: list[str], rows: list[list[Any]], numeric: set[int] = fr
                         for i, v in enumerate(row))
         css = f" class={row_classes[index]}" if row_classes and row_classes[index] else ""
         lines.append(f"<tr{css}>{cells}</tr>")
-    return f"<table>\n<tr>{head}</tr>\n" + "\n".join(lines) + "\n</table>"
+    return (f"<div class=table-wrap><table>\n<tr>{head}</tr>\n" + "\n".join(lines)
+            + "\n</table></div>")
 
 
 def _runs_table(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> str:
@@ -214,6 +245,9 @@ def _summary_for_report(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _figure_div(fig: go.Figure) -> str:
+    # Margins that grow to fit the tick labels and axis titles (no clipped "4k").
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return ("<div class=chart>" + fig.to_html(full_html=False, include_plotlyjs=False,
                                               config=PLOTLY_CONFIG) + "</div>")
 
