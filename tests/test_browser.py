@@ -391,3 +391,20 @@ def test_compare_page_draws_every_runs_curve(server, page, store):
     assert _drawn_line_vertices(page, "Throughput") == 20
     assert "1.80x" in main_text(page) or "1.8x" in main_text(page), main_text(page)[:600]
     assert_page_healthy(page, "/compare")
+
+
+@pytest.mark.timeout(120)
+def test_launch_refuses_an_out_of_range_batch_size_on_screen(server, page, store):
+    """Batch size 0 is named with the allowed range and Launch is disabled: before, the
+    browser kept the last valid value (16) and Launch started a run with it."""
+    goto(page, f"{server.url}/", TITLES[""])
+    set_number(page, "batch_size", 0)
+    message = "Batch size: 0 is outside the allowed range 1..65536"
+    page.get_by_text(message, exact=True).first.wait_for(state="visible", timeout=10_000)
+    launch = page.get_by_role("button", name="Launch run", exact=True)
+    assert launch.is_disabled(), "Launch run is still enabled with batch size 0"
+    launch.click(force=True)  # a click on the disabled button must start nothing
+    wait_app_idle(page)
+    assert store.list_runs() == [], "a run was created from an out-of-range batch size"
+    assert "/live" not in page.url
+    assert_page_healthy(page, "Launch with batch size 0")
