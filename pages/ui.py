@@ -12,6 +12,7 @@ import time
 
 import streamlit as st
 
+from engine.config import OPEN_LOW_BOUNDS, bounds
 from engine.store import Store, StoreError
 
 STATUS_ICONS = {
@@ -168,3 +169,33 @@ def relaunch(run) -> None:
     """Open the Launch page with this run's config filled in (nothing starts yet)."""
     st.session_state[PREFILL_KEY] = {"run_id": run.id, "config": run.config.to_dict()}
     st.switch_page("pages/launch.py")
+
+
+class NumberInputs:
+    """Number inputs whose range is checked here, not by the browser.
+
+    Streamlit's number_input with min_value/max_value shows an out-of-range entry in red
+    but never sends it: the script keeps the last valid value, and a Launch click would
+    start a run with a number the user did not ask for. These inputs send what was typed;
+    an entry outside the field's bounds (engine.config.bounds) is named under the input
+    with the allowed range, and `problems` (non-empty) disables the buttons that use it.
+    """
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def number(self, label: str, field: str, *, key: str, value, step,
+               high=None, low=None, help: str | None = None, format: str | None = None):
+        lowest, highest = bounds(field)
+        lowest = lowest if low is None else low
+        highest = highest if high is None else high
+        open_low = field in OPEN_LOW_BOUNDS and low is None
+        allowed = f"above {lowest:g} up to {highest:g}" if open_low else f"{lowest:g}..{highest:g}"
+        entered = st.number_input(label, value=value, step=step, key=key, format=format,
+                                  help=f"{help + ' ' if help else ''}Allowed: {allowed}.")
+        below = entered <= lowest if open_low else entered < lowest
+        if below or entered > highest:
+            problem = f"{label}: {entered:g} is outside the allowed range {allowed}"
+            self.problems.append(problem)
+            st.error(problem)
+        return entered

@@ -50,3 +50,15 @@ def write_rows(store: Store, cfg: RunConfig, rows: list[dict[str, Any]],
         store.merge_summary(run_id, summary)
     store.set_status(run_id, status, reason)
     return run_id
+
+
+def speed_word(row) -> str:
+    """The words the findings must use for one summary-table row: a difference only when
+    its interval excludes 1.0 and no run was measured on a busy machine."""
+    if row.get("busy"):
+        return "no speedup is stated"
+    if row.get("throughput_x_low") is None:
+        return "no speedup is stated"
+    if not row.get("throughput_significant"):
+        return "no measurable difference"
+    return "faster" if row["throughput_x"] > 1.0 else "slower"

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import pytest
-from _real_runs import record_run, tiny_config, write_rows
+from _real_runs import record_run, speed_word, tiny_config, write_rows
 
 from engine.analysis.compare import (
     BASIS_NON_WARMUP,
@@ -215,9 +215,7 @@ def test_summary_of_real_tiny_cpu_runs(store):
     assert table.loc[other, "throughput_x"] == pytest.approx(
         steady["samples_per_s"].median() / table.loc[base, "samples_per_s"])
     text = findings(table.reset_index(), [store.get_run(base), store.get_run(other)])
-    x = table.loc[other, "throughput_x"]
-    word = "faster" if x >= 1.05 else "slower" if x <= 0.95 else "about as fast"
-    assert word in text[1]
+    assert speed_word(table.loc[other]) in text[1]
 
 
 def _long_rows(steady_ms: float, loss_scale: float, steps: int = 40) -> list[dict]:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _real_runs import record_run, tiny_config
+from _real_runs import record_run, speed_word, tiny_config
 from streamlit.testing.v1 import AppTest
 
 from engine.analysis.compare import findings, summary_table
@@ -77,8 +77,7 @@ def test_compare_page_draws_the_preset_with_the_engines_numbers(lab):
     text = re.sub(r"\\(.)", r"\1", "\n".join(md.value for md in at.markdown))
     for statement in findings(expected, [store.get_run(i) for i in ids]):
         assert f"- {statement}" in text
-    x = expected.set_index("run_id").loc[ids[1], "throughput_x"]
-    assert ("slower" if x <= 0.95 else "faster" if x >= 1.05 else "about as fast") in text
+    assert speed_word(expected.set_index("run_id").loc[ids[1]]) in text
 
     (button,) = at.get("download_button")
     assert button.label == "Download HTML report"
@@ -200,7 +199,7 @@ def test_compare_page_on_real_worker_runs_end_to_end(home):
         run = store.get_run(run_id)
         line = next(l for l in text.splitlines() if l.startswith(f"- {run.config.precision}:"))
         x = expected.loc[run_id, "throughput_x"]
-        assert ("slower" if x <= 0.95 else "faster" if x >= 1.05 else "about as fast") in line
+        assert speed_word(expected.loc[run_id]) in line
         evidence = run.summary.get("cpu_evidence") or {}
         assert evidence.get("headline"), "the profiled CPU run recorded its oneDNN evidence"
         if x <= 0.95 and "emulated" in evidence.get("verdict", ""):

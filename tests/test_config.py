@@ -15,11 +15,14 @@ from hypothesis import strategies as st
 from engine.config import (
     MAX_BATCH_SIZE,
     MAX_IMAGE_SIZE,
+    MAX_LOADER_WORKERS,
     MAX_NPROCS,
+    MAX_PREFETCH_FACTOR,
     MAX_SEQ_LEN,
     MAX_STEPS,
     CommHook,
     ConfigError,
+    DataMode,
     ModelName,
     ModelSize,
     OptimizerName,
@@ -44,20 +47,27 @@ INT_BOUNDS = {
     "memory_cap_mb": (0, 10**8),
     "seed": (0, 2**31 - 1),
     "nprocs": (1, MAX_NPROCS),
+    "num_workers": (0, MAX_LOADER_WORKERS),
+    "prefetch_factor": (1, MAX_PREFETCH_FACTOR),
 }
 # (low, high, low_is_open)
 FLOAT_BOUNDS = {
     "lr": (0.0, 10.0, True),
     "weight_decay": (0.0, 1.0, False),
     "grad_scaler_init_scale": (0.0, 2.0**32, True),
+    "speedup_budget_s": (5.0, 3600.0, False),
+    "speedup_target_pct": (0.5, 50.0, False),
 }
 ENUM_FIELDS = {"model": ModelName, "size": ModelSize, "precision": Precision,
-               "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook}
+               "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook,
+               "data": DataMode}
 # Fields whose non-default values need another field set (tests/test_distributed.py
 # tests these rules themselves).
 ENUM_CONTEXT = {"sharding": {"nprocs": 2}, "comm_hook": {"nprocs": 2}}
-BOOL_FIELDS = ("channels_last", "compile", "loss_scaling", "profile", "numerics")
-STR_FIELDS = ("device", "name")
+MEMBER_CONTEXT = {"custom": {"workload": "my_workload.py"}}  # model custom runs a workload
+BOOL_FIELDS = ("channels_last", "compile", "loss_scaling", "profile", "numerics",
+               "pin_memory", "persistent_workers")
+STR_FIELDS = ("device", "name", "workload", "speedup_modes")
 
 
 def test_every_field_is_covered_by_these_tests():
@@ -176,7 +186,8 @@ def test_enum_field_accepts_members_and_values_and_stores_the_member(field_name)
     enum_type = ENUM_FIELDS[field_name]
     for member in enum_type:
         for given_value in (member, member.value):
-            cfg = RunConfig(**{field_name: given_value}, **ENUM_CONTEXT.get(field_name, {}))
+            cfg = RunConfig(**{field_name: given_value}, **ENUM_CONTEXT.get(field_name, {}),
+                            **MEMBER_CONTEXT.get(member.value, {}))
             stored = getattr(cfg, field_name)
             assert stored is member and stored == member.value
             assert f"{stored}" == str(stored) == member.value
@@ -277,19 +288,26 @@ def test_json_round_trip_of_defaults_and_of_every_field_changed():
                         compile=True, grad_scaler_init_scale=1024, grad_scaler_growth_interval=5,
                         loss_scaling=False, numerics=True, log_interval=2, warmup_steps=0, profile=False,
                         profile_steps=50, memory_cap_mb=300, name="all (changed)", nprocs=2,
-                        comm_hook="fp16")
+                        comm_hook="fp16", data="loader", num_workers=3, pin_memory=True,
+                        persistent_workers=True, prefetch_factor=4)
     # sharding=fsdp2 excludes numerics: its change round-trips in a second config.
     sharded = changed.replace(sharding="fsdp2", numerics=False)
+    own = changed.replace(model="custom", workload="my_workload.py")  # a workload: model custom
+    # A speedup check runs in one process, its baseline first.
+    check = changed.replace(nprocs=1, comm_hook="none", speedup_modes="fp16-amp,fp32",
+                            speedup_budget_s=30.0, speedup_target_pct=2.0)
     text = changed.to_json()
     data = json.loads(text)
     assert list(data) == sorted(data)  # stable text: sorted keys
     assert set(data) == {f.name for f in config_fields()}
     for f in config_fields():
-        assert getattr(sharded if f.name == "sharding" else changed, f.name) != \
-            getattr(default, f.name), f.name
+        source = {"sharding": sharded, "workload": own, "speedup_modes": check,
+                  "speedup_budget_s": check, "speedup_target_pct": check}.get(f.name, changed)
+        assert getattr(source, f.name) != getattr(default, f.name), f.name
     assert RunConfig.from_json(text) == changed
     assert RunConfig.from_dict(changed.to_dict()) == changed
     assert RunConfig.from_json(sharded.to_json()) == sharded
+    assert RunConfig.from_json(check.to_json()) == check
 
 
 def test_field_docs_are_read_from_the_source():
@@ -320,7 +338,8 @@ def _int_field(name):
 def _float_field(name):
     low, high, open_low = FLOAT_BOUNDS[name]
     floats = st.floats(low, high, exclude_min=open_low, allow_nan=False, allow_infinity=False)
-    ints = st.integers(int(low) + (1 if open_low else 0), int(high))
+    ints = st.integers(math.ceil(low) + (1 if open_low and float(low).is_integer() else 0),
+                       int(high))
     return floats | ints
 
 
@@ -348,8 +367,26 @@ def _multi_process_consistent(fields: dict) -> dict:
     return fields
 
 
+def _model_consistent(fields: dict) -> dict:
+    """RunConfig's rules for the model: custom runs a workload; a known architecture's
+    input limits (ViT's patch side, a position table)."""
+    from engine.architectures import ARCHITECTURES
+
+    fields = dict(fields)
+    model = str(fields.get("model", "gpt"))
+    if model == "custom":
+        fields["workload"] = "my_workload.py"
+    arch = ARCHITECTURES.get(model)
+    if arch and arch.image_multiple > 1:
+        side = fields.get("image_size", 32)
+        fields["image_size"] = max(arch.image_multiple, side - side % arch.image_multiple)
+    if arch and arch.max_seq_len:
+        fields["seq_len"] = min(fields.get("seq_len", 64), arch.max_seq_len)
+    return fields
+
+
 valid_configs = st.fixed_dictionaries({}, optional=VALID_FIELD_STRATEGIES).map(
-    _multi_process_consistent)
+    _multi_process_consistent).map(_model_consistent)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from engine.analysis.speedup import BOOTSTRAP_SEED, CONFIDENCE, MIN_ROUNDS
 from engine.config import Precision, RunConfig
 from engine.schema import FINISHED, STEADY, WARMUP, throughput_column, throughput_unit
 from engine.store import RunNotFound, RunRecord, Store
@@ -130,7 +131,8 @@ def _finite_losses(frame: pd.DataFrame) -> pd.Series:
 # run stores it in its summary at run end (engine.run.finalize), so comparing 20 long runs
 # reads 20 summaries instead of millions of metric rows.
 COMPARE_STATS_KEY = "compare_stats"
-COMPARE_STATS_VERSION = 1
+COMPARE_STATS_VERSION = 2  # 2: steady step-time sample for the throughput interval
+STEP_SAMPLE_SIZE = 400  # steady step times kept per run (evenly spaced) for the interval
 
 
 def frame_stats(frame: pd.DataFrame) -> dict[str, Any]:
@@ -143,7 +145,19 @@ def frame_stats(frame: pd.DataFrame) -> dict[str, Any]:
         "mem_peak_max_bytes": _column_max(frame, "mem_peak_bytes"),
         "skipped_steps_max": _column_max(frame, "skipped_steps"),
         "loss_tail": [[int(step), float(loss)] for step, loss in tail.items()],
+        "steady_step_ms": _steady_step_sample(frame),
     }
+
+
+def _steady_step_sample(frame: pd.DataFrame) -> list[float]:
+    """Up to STEP_SAMPLE_SIZE steady step times (ms), evenly spaced over the run."""
+    rows, basis = _steady_rows(frame)
+    if basis == BASIS_NONE or "step_time_ms" not in rows:
+        return []
+    values = pd.to_numeric(rows["step_time_ms"], errors="coerce").dropna().to_numpy(dtype=float)
+    if len(values) > STEP_SAMPLE_SIZE:
+        values = values[np.linspace(0, len(values) - 1, STEP_SAMPLE_SIZE).astype(int)]
+    return [float(v) for v in values]
 
 
 def run_stats(store: Store, run: RunRecord) -> dict[str, Any]:
@@ -292,6 +306,7 @@ def summary_table(store: Store, run_ids: Iterable[str],
     for row, run in zip(rows, runs):
         row["is_baseline"] = row["run_id"] == baseline_id
         _add_ratios(row, base)
+        _add_interval(row, base, stats[run.id], stats[base_run.id])
         row.update(_loss_tolerance(row, base, run, base_run, stats, store))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     # Missing numbers are None everywhere (pandas would make NaN of some of them).
@@ -306,6 +321,8 @@ TABLE_COLUMNS = [
     "loss_noise_basis", "max_batch_fit", "oom_batch_size",
     "skipped_steps", "loss_scale_final", "tensor_core_share", "matrix_tensor_core_share",
     "mfu", "achieved_tflops", "cpu_verdict",
+    "throughput_x_low", "throughput_x_high", "throughput_significant", "busy",
+    "contention_words",
 ]
 
 
@@ -338,6 +355,8 @@ def _run_row(run: RunRecord, name: str, run_stats: Mapping[str, Any]) -> dict[st
         "mfu": stats["mfu"] if stats["mfu"] is not None else _finite(summary.get("mfu")),
         "achieved_tflops": stats["achieved_tflops"] or _finite(summary.get("achieved_tflops")),
         "cpu_verdict": (summary.get("cpu_evidence") or {}).get("verdict"),
+        "busy": (summary.get("contention") or {}).get("busy"),
+        "contention_words": (summary.get("contention") or {}).get("words"),
     }
 
 
@@ -352,6 +371,47 @@ def _add_ratios(row: dict[str, Any], base: dict[str, Any]) -> None:
                                       / abs(base["final_loss"]))
     else:
         row["final_loss_diff_pct"] = None
+
+
+UNPAIRED_RESAMPLES = 2000
+
+
+def unpaired_ratio_interval(base_ms: Iterable[float], mode_ms: Iterable[float]
+                            ) -> tuple[float, float] | None:
+    """95 % bootstrap interval of median(base) / median(mode) for two separate runs (each
+    run's steady step times resampled on its own, fixed seed). It covers the runs' own
+    step-to-step spread, not the machine's drift between the two runs: that takes the
+    paired speedup check. None with fewer than MIN_ROUNDS values in either run."""
+    base = np.asarray([v for v in base_ms if v and v > 0], dtype=float)
+    mode = np.asarray([v for v in mode_ms if v and v > 0], dtype=float)
+    if len(base) < MIN_ROUNDS or len(mode) < MIN_ROUNDS:
+        return None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    base_medians = np.median(base[rng.integers(0, len(base), (UNPAIRED_RESAMPLES, len(base)))], axis=1)
+    mode_medians = np.median(mode[rng.integers(0, len(mode), (UNPAIRED_RESAMPLES, len(mode)))], axis=1)
+    alpha = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    low, high = np.percentile(base_medians / mode_medians, [alpha, 100.0 - alpha])
+    return float(low), float(high)
+
+
+def _add_interval(row: dict[str, Any], base: dict[str, Any], stats: Mapping[str, Any],
+                  base_stats: Mapping[str, Any]) -> None:
+    """throughput_x's 95 % interval from both runs' steady step times, and whether it
+    excludes 1.0 (only then is a difference stated)."""
+    row.update(throughput_x_low=None, throughput_x_high=None, throughput_significant=False)
+    x = row["throughput_x"]
+    if row["is_baseline"] or x is None or not row["step_time_ms"] or not base["step_time_ms"]:
+        return
+    interval = unpaired_ratio_interval(base_stats.get("steady_step_ms") or [],
+                                       stats.get("steady_step_ms") or [])
+    if interval is None:
+        return
+    # The interval is of the step-time ratio; scaled to throughput (a batch that differs
+    # between the runs changes work per step, not the relative spread).
+    scale = x / (base["step_time_ms"] / row["step_time_ms"])
+    low, high = interval[0] * scale, interval[1] * scale
+    row.update(throughput_x_low=low, throughput_x_high=high,
+               throughput_significant=low > 1.0 or high < 1.0)
 
 
 def _loss_tolerance(row: dict[str, Any], base: dict[str, Any], run: RunRecord,
@@ -522,14 +582,25 @@ def _run_sentence(row: dict[str, Any], base: dict[str, Any], run: RunRecord | No
 
 
 def _speed_text(row: dict[str, Any], base: dict[str, Any]) -> str:
+    """A speedup is stated only when its interval excludes 1.0 and neither run was
+    measured on a busy machine; otherwise the sentence says why it is not."""
     x = row["throughput_x"]
     if x is None:
         return "no steady-state throughput to compare"
-    if x >= 1.0 + SPEED_TOLERANCE:
-        return f"{_fmt_x(x)} faster than {base['name']}"
-    if x <= 1.0 - SPEED_TOLERANCE:
-        return f"{_fmt_x(1.0 / x)} slower than {base['name']} ({x:.2f}x its throughput)"
-    return f"about as fast as {base['name']} ({x:.2f}x)"
+    busy = next((r for r in (row, base) if r.get("busy")), None)
+    if busy is not None:
+        return (f"throughput {x:.2f}x {base['name']}'s, but {busy['name']} was "
+                f"{busy['contention_words']}: no speedup is stated from it")
+    low, high = row.get("throughput_x_low"), row.get("throughput_x_high")
+    if low is None or high is None:
+        return (f"throughput {x:.2f}x {base['name']}'s (too few steady steps for an "
+                "interval: no speedup is stated)")
+    interval = f"95 % interval {low:.2f}-{high:.2f}x"
+    if not row.get("throughput_significant"):
+        return f"no measurable difference in speed from {base['name']} ({low:.2f}-{high:.2f}x)"
+    if x > 1.0:
+        return f"{_fmt_x(x)} faster than {base['name']} ({interval})"
+    return f"{_fmt_x(1.0 / x)} slower than {base['name']} ({x:.2f}x its throughput; {interval})"
 
 
 def _memory_text(row: dict[str, Any], base: dict[str, Any]) -> str:

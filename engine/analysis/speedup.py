@@ -124,3 +124,58 @@ def widest_half_width_pct(rows: Iterable[dict[str, Any]], baseline: str) -> floa
     if not widths or any(width is None for width in widths):
         return None
     return max(widths)
+
+
+SMALL_MATMUL_SHARE = 0.10  # below this share of the measured matmul rate: too small to pay
+
+
+def _rate(flops_per_s: float) -> str:
+    if flops_per_s >= 1e12:
+        return f"{flops_per_s / 1e12:.2f} TFLOP/s"
+    return f"{flops_per_s / 1e9:.1f} GFLOP/s"
+
+
+def _shape_words(gemm_shapes: list | None) -> str:
+    if not gemm_shapes:
+        return "its matmuls"
+    _layer, m, k, n = max(gemm_shapes, key=lambda shape: shape[1] * shape[2] * shape[3])
+    return f"its largest matmuls are {m}x{k}x{n} (MxKxN)"
+
+
+def explain(result: dict[str, Any]) -> list[str]:
+    """Findings that say why, from measurements: for each mode that is not measurably
+    faster than the baseline, the rate its matmuls reached against the measured (or
+    datasheet) matmul rate of its dtype on this device; and a busy machine first."""
+    findings = []
+    contention = result.get("contention") or {}
+    if contention.get("busy"):
+        findings.append(contention["words"])
+    baseline = result.get("baseline")
+    for row in result.get("modes", []):
+        if row.get("mode") == baseline or row.get("speedup") is None:
+            continue
+        if row.get("significant") and row["speedup"] > 1.0:
+            continue
+        findings.append(_why_not_faster(row, result))
+    return findings
+
+
+def _why_not_faster(row: dict[str, Any], result: dict[str, Any]) -> str:
+    mode, peak = row["mode"], row.get("peak") or {}
+    head = (f"{mode} is slower than {result.get('baseline')}" if row.get("significant")
+            else f"{mode} is not measurably faster than {result.get('baseline')}")
+    achieved, peak_rate = row.get("achieved_flops_per_s"), peak.get("flops_per_s")
+    if not achieved or not peak_rate:
+        return f"{head}; no matmul rate for its dtype is known here, so no cause is stated."
+    share = achieved / peak_rate
+    source = "measured" if "measured" in str(peak.get("source", "")) else "datasheet"
+    rate = (f"the model ran at {_rate(achieved)} in {mode}: {share:.1%} of the {source} "
+            f"{peak.get('dtype')} matmul rate on this device ({_rate(peak_rate)})")
+    if share < SMALL_MATMUL_SHARE:
+        return (f"{head}: {rate}; {_shape_words(result.get('gemm_shapes'))}: too small for "
+                f"the {peak.get('dtype')} units to pay. Try size small or medium, or a larger "
+                "batch.")
+    return (f"{head}: {rate}, so the matmuls are not what limits the step; the rest "
+            "(elementwise ops, casts, the optimizer) is. The Kernels page's breakdown shows "
+            "which part.")
+

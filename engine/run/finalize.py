@@ -26,6 +26,21 @@ def finalize_run_data(store: Store, run_id: str) -> None:
         from engine.analysis.compare import COMPARE_STATS_KEY, METRICS_FOR_COMPARE, frame_stats
 
         frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
-        store.merge_summary(run_id, {COMPARE_STATS_KEY: frame_stats(frame)})
+        stats = frame_stats(frame)
+        store.merge_summary(run_id, {COMPARE_STATS_KEY: stats, **one_throughput_figure(stats)})
     except Exception:  # noqa: BLE001 - the Compare page recomputes them from the rows
         traceback.print_exc()
+
+
+def one_throughput_figure(stats: dict) -> dict:
+    """The run's throughput and step time as every surface shows them: medians over its
+    steady-state steps (the Compare page's figures). The training loop's time-weighted
+    mean is kept beside them as samples_per_s_mean."""
+    steady = stats.get("steady") or {}
+    if steady.get("basis") != "steady":
+        return {}
+    figures = {"throughput_basis": "median over steady-state steps"}
+    for key in ("samples_per_s", "tokens_per_s", "step_time_ms"):
+        if steady.get(key) is not None:
+            figures[key] = steady[key]
+    return figures

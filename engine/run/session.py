@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.analysis.contention import assess, sample_is_busy
+from engine.analysis.speedup import explain
 from engine.config import COMPUTE_DTYPES, RunConfig
 from engine.hardware.contention import logical_cores
 from engine.hardware.devices import get_device
-from engine.hardware.peaks import fp8_advice, peak_for
+from engine.hardware.peaks import fp8_advice, linear_gemm_shapes, peak_for
 from engine.schema import (
     DIVERGED,
     FAILED,
@@ -202,6 +203,7 @@ def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) ->
 
     cfg = spec.cfg
     peaks = speedup_peaks(spec.device_key, cfg) if spec.lead else {}
+    shapes = model_gemm_shapes(cfg)
     sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
     cores = logical_cores()
     samples: dict[float, dict] = {}
@@ -211,7 +213,7 @@ def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) ->
             samples[sampler.latest["t_s"]] = sampler.latest
 
     def on_progress(result: dict[str, Any]) -> None:
-        result = with_context(result, peaks, assess(samples.values(), cores))
+        result = with_context(result, peaks, assess(samples.values(), cores), shapes)
         spec.sink.merge_summary(spec.run_id, {"speedup": {**result, "running": True}})
 
     try:
@@ -229,7 +231,7 @@ def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) ->
         sampler.stop()
     close_metrics()
     contention = assess(samples.values(), cores)
-    summary = {"speedup": {**with_context(result, peaks, contention), "running": False},
+    summary = {"speedup": {**with_context(result, peaks, contention, shapes), "running": False},
                "contention": contention}
     spec.sink.merge_summary(spec.run_id, summary)
     stopped = result["stopped_by"] == "stop requested"
@@ -254,13 +256,24 @@ def speedup_peaks(device_key: str, cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 
 def with_context(result: dict[str, Any], peaks: dict[str, dict[str, Any]],
-                 contention: dict[str, Any]) -> dict[str, Any]:
-    """The check's result with each mode's matmul peak and the contention verdict."""
+                 contention: dict[str, Any], gemm_shapes: list | None = None) -> dict[str, Any]:
+    """The check's result with each mode's matmul peak, the contention verdict and the
+    findings that say why (engine.analysis.speedup.explain)."""
     modes = []
     for row in result["modes"]:
         mode = row["mode"].split(" (")[0]
         modes.append({**row, "peak": peaks.get(mode)})
-    return {**result, "modes": modes, "contention": contention}
+    full = {**result, "modes": modes, "contention": contention, "gemm_shapes": gemm_shapes}
+    full["findings"] = explain(full)
+    return full
+
+
+def model_gemm_shapes(cfg: RunConfig) -> list | None:
+    """(layer, M, K, N) of the model's Linear GEMMs, for "too small to pay" findings."""
+    try:
+        return [list(shape) for shape in linear_gemm_shapes(cfg)]
+    except Exception:  # noqa: BLE001 - a model without a shape table: no shape in the finding
+        return None
 
 
 def run_relative_path(run_id: str, path: str | Path) -> str:
@@ -272,6 +285,8 @@ def result_summary(result, peak_flops: float | None) -> dict[str, Any]:
     """A TrainResult as every executor stores it in the run summary, with MFU against
     `peak_flops` (FLOP/s of the run's devices), or the reason MFU is left out."""
     summary = result.to_dict()
+    # run.finalize replaces samples_per_s with the steady median; the mean stays here.
+    summary["samples_per_s_mean"] = result.samples_per_s
     if peak_flops and result.achieved_tflops:
         summary["mfu"] = plausible_mfu(result.achieved_tflops * 1e12, peak_flops)
         if summary["mfu"] is None:

@@ -30,12 +30,17 @@ from typing import Any, Callable
 
 import torch
 
-from engine.analysis.speedup import BOOTSTRAP_RESAMPLES, MIN_ROUNDS, summarise, widest_half_width_pct
+from engine.analysis.speedup import (
+    BOOTSTRAP_RESAMPLES,
+    MIN_ROUNDS,
+    summarise,
+    widest_half_width_pct,
+)
 from engine.config import RunConfig
-from engine.training.loop import Trainer, resolve_torch_device
+from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
 
 WARMUP_STEPS_MIN = 2
-BLOCK_TARGET_S = 0.5
+BLOCK_TARGET_S = 0.25
 BLOCK_STEPS_MIN = 2
 BLOCK_STEPS_MAX = 200
 MAX_ROUNDS = 400
@@ -142,6 +147,9 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     warmup_steps = max(WARMUP_STEPS_MIN, cfg.warmup_steps)
     for mode in modes:
         mode.run_steps(warmup_steps, device)
+    # Counted once per mode, so every mode's batch stream stays at the same step.
+    flops = [measure_flops_per_step(mode.trainer) for mode in modes]
+    flops_per_step = next((f for f in flops if f), None)
     block_steps = _block_steps(modes, device)
     memory_method = _measure_cpu_memory(modes) if device.type != "cuda" else "cuda"
     started_s = time.perf_counter()
@@ -156,7 +164,7 @@ def measure_speedup(cfg: RunConfig, device_key: str,
         on_round()
         elapsed_s = time.perf_counter() - started_s
         result = _result(cfg, labels, modes, block_steps, elapsed_s, memory_method,
-                         resamples=PROGRESS_RESAMPLES)
+                         flops_per_step, resamples=PROGRESS_RESAMPLES)
         width = result["widest_half_width_pct"]
         if round_index + 1 >= MIN_ROUNDS and width is not None and width <= cfg.speedup_target_pct:
             stopped_by = "target"
@@ -167,7 +175,7 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     else:
         stopped_by = "round limit"
     result = _result(cfg, labels, modes, block_steps, time.perf_counter() - started_s,
-                     memory_method)
+                     memory_method, flops_per_step)
     result["stopped_by"] = stopped_by
     return result
 
@@ -193,7 +201,7 @@ def _measure_cpu_memory(modes: list[_Mode]) -> str:
 
 
 def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: int,
-            elapsed_s: float, memory_method: str,
+            elapsed_s: float, memory_method: str, flops_per_step: float | None,
             resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, Any]:
     trainer = modes[0].trainer
     rows = summarise(labels, {m.label: m.block_ms for m in modes}, trainer.samples_per_step,
@@ -201,11 +209,13 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
     for row, mode in zip(rows, modes):
         row["peak_mem_bytes"] = (None if mode.peak_increment_bytes < 0
                                  else _resident_bytes(mode.trainer) + mode.peak_increment_bytes)
+        row["achieved_flops_per_s"] = (flops_per_step * 1000.0 / row["median_step_ms"]
+                                       if flops_per_step and row["median_step_ms"] else None)
     return {
         "baseline": labels[0], "modes": rows, "rounds": len(modes[0].block_ms),
         "block_steps": block_steps, "elapsed_s": elapsed_s, "budget_s": cfg.speedup_budget_s,
         "target_pct": cfg.speedup_target_pct,
         "widest_half_width_pct": widest_half_width_pct(rows, labels[0]),
-        "memory_method": memory_method,
+        "memory_method": memory_method, "flops_per_step": flops_per_step,
         "batch_size": cfg.batch_size, "model": f"{cfg.model}-{cfg.size}",
     }

@@ -1,0 +1,57 @@
+"""A paired speedup check drawn: progress, the busy-machine verdict, the forest plot, the
+per-mode table and the findings. Shared by Live (while it runs: intervals narrowing) and
+Compare; the HTML report draws the same stored result with the same figure."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.analysis.speedup import is_significant
+from engine.report.figures import speedup_forest_figure
+from pages.ui import fmt_bytes, fmt_num, plain
+
+
+def _row_cells(row: dict, baseline: str, busy: bool) -> dict:
+    interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}" if row.get("ci_low") is not None
+                and row["mode"] != baseline else "")
+    verdict = row.get("words") or ""
+    if busy and row["mode"] != baseline and is_significant(row):
+        verdict += " (machine busy: not a claim)"
+    return {"mode": row["mode"], "median step (ms)": fmt_num(row.get("median_step_ms"), 4),
+            "throughput (samples/s)": fmt_num(row.get("samples_per_s"), 5),
+            "speedup": fmt_num(row.get("speedup"), 3), "95 % interval": interval,
+            "peak memory": fmt_bytes(row.get("peak_mem_bytes")),
+            "blocks": row.get("blocks"), "verdict": verdict}
+
+
+def draw_speedup(result: dict, key: str, active: bool = False) -> None:
+    """One check's result (the run summary's "speedup"); `key` keeps chart ids unique."""
+    if not result:
+        st.info("Waiting for the first round (every mode warms up and is calibrated first)...")
+        return
+    contention = result.get("contention") or {}
+    busy = bool(contention.get("busy"))
+    if active or result.get("running"):
+        budget = result.get("budget_s") or 1.0
+        done = min(1.0, (result.get("elapsed_s") or 0.0) / budget)
+        width = result.get("widest_half_width_pct")
+        text = (f"round {result.get('rounds')} · {result.get('elapsed_s', 0):.0f} / {budget:.0f} s"
+                + (f" · widest interval ±{width:.1f} % (stops at ±{result.get('target_pct'):g} %)"
+                   if width is not None else " · intervals after 5 rounds"))
+        st.progress(done, text=text)
+    if busy:
+        st.warning(plain(contention["words"]))
+    elif contention.get("words"):
+        st.caption(plain(contention["words"]))
+    st.plotly_chart(speedup_forest_figure(result), key=f"{key}_forest")
+    baseline = result.get("baseline")
+    st.dataframe([_row_cells(row, baseline, busy) for row in result.get("modes", [])],
+                 hide_index=True, width="stretch")
+    st.caption(
+        f"{result.get('rounds')} rounds of {result.get('block_steps')} steps per mode, "
+        f"interleaved in one process; speedup = trimmed geometric mean of the per-round "
+        f"paired ratios, 95 % interval by bootstrap over rounds; peak memory per mode from "
+        f"the {result.get('memory_method')}. A difference is claimed only when its interval "
+        f"excludes 1.0.")
+    for finding in result.get("findings") or []:
+        st.markdown(f"- {plain(finding)}")
