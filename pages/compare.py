@@ -29,7 +29,8 @@ from engine.report.figures import X_STEP, X_WALL, comparison_figures
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
 from pages.numerics_charts import KIND_LABELS, histogram_figure
-from pages.ui import ensure_app_shell, get_store, plain, status_badge
+from pages.speedup_view import draw_speedup
+from pages.ui import ensure_app_shell, fmt_bytes, get_store, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -120,6 +121,24 @@ def chart_frames(store, runs, max_points: int) -> dict[str, pd.DataFrame]:
             for run in runs}
 
 
+checks = [by_id[i] for i in selected if by_id[i].config.is_speedup_check]
+if checks:
+    st.subheader("Speedup checks")
+    st.caption("Paired measurements: the modes ran interleaved in one process. This is the "
+               "figure to quote; the run comparison below compares separate runs.")
+    for check in checks:
+        st.markdown(f"**{plain(check.config.label)}** · `{check.id}` · {status_badge(check.status)}")
+        draw_speedup(check.summary.get("speedup") or {}, key=f"compare_{check.id}",
+                     active=check.is_active)
+selected = [i for i in selected if not by_id[i].config.is_speedup_check]
+if not selected:
+    st.download_button(
+        "Download HTML report", key="compare_download_checks", mime="text/html",
+        on_click="ignore", file_name=f"precision-lab-report-{checks[0].id}.html",
+        data=lambda: build_html(store, [c.id for c in checks]).encode("utf-8"),
+        help="One self-contained file (plotly embedded): opens offline")
+    st.stop()
+
 runs = [by_id[i] for i in selected]
 names = display_names(runs)
 if st.session_state.get(BASELINE_KEY) not in selected:
@@ -155,24 +174,39 @@ col_a.plotly_chart(figures["memory"], key="compare_chart_memory")
 
 st.subheader("Summary")
 st.caption("Medians over steady-state steps (warm-up and profiler-window steps excluded). "
-           "n/a: not measured for that run.")
+           "The throughput interval covers each run's own step-to-step spread, not the "
+           "machine's drift between separate runs: for a figure to quote, run a Speedup check "
+           "(Launch page). Loss tolerance: how far a final loss may differ from the "
+           "baseline's and still be noise (the findings use the same figure). n/a: not "
+           "measured for that run.")
 SUMMARY_COLUMNS = ["name", "run_id", "status", "throughput_per_s", "throughput_unit",
-                   "throughput_x", "step_time_ms", "peak_mem_bytes", "mem_saved_pct",
-                   "final_loss", "final_loss_diff_pct", "loss_noise_pct", "max_batch_fit",
-                   "skipped_steps", "tensor_core_share", "mfu", "steady_basis"]
+                   "throughput_x", "throughput_interval", "machine", "step_time_ms",
+                   "peak_memory", "mem_saved_pct", "final_loss", "final_loss_diff_pct",
+                   "loss_tolerance_pct", "max_batch_fit", "skipped_steps",
+                   "tensor_core_share", "mfu", "steady_basis"]
+shown_table = table.assign(
+    throughput_interval=[f"{low:.2f}-{high:.2f}x" if low is not None else ""
+                         for low, high in zip(table["throughput_x_low"], table["throughput_x_high"])],
+    machine=["busy: unreliable" if busy else "quiet" if busy is False else "not measured"
+             for busy in table["busy"]],
+    # One memory unit everywhere (binary: MiB, GiB), as in the findings.
+    peak_memory=[fmt_bytes(v) for v in table["peak_mem_bytes"]])
 st.dataframe(
-    table[SUMMARY_COLUMNS], key="compare_summary", hide_index=True,
+    shown_table[SUMMARY_COLUMNS], key="compare_summary", hide_index=True,
     column_config={
         "name": st.column_config.TextColumn("run"),
         "throughput_per_s": st.column_config.NumberColumn("throughput (/s)", format="%.1f"),
         "throughput_unit": st.column_config.TextColumn("unit"),
         "throughput_x": st.column_config.NumberColumn("throughput x", format="%.2fx"),
         "step_time_ms": st.column_config.NumberColumn("step time (ms)", format="%.1f"),
-        "peak_mem_bytes": st.column_config.NumberColumn("peak memory", format="bytes"),
+        "throughput_interval": st.column_config.TextColumn("95 % interval"),
+        "machine": st.column_config.TextColumn("machine"),
+        "peak_memory": st.column_config.TextColumn("peak memory"),
         "mem_saved_pct": st.column_config.NumberColumn("memory saved (%)", format="%+.1f"),
         "final_loss": st.column_config.NumberColumn("final loss", format="%.4f"),
         "final_loss_diff_pct": st.column_config.NumberColumn("loss diff (%)", format="%+.2f"),
-        "loss_noise_pct": st.column_config.NumberColumn("loss noise (±%)", format="%.2f"),
+        "loss_tolerance_pct": st.column_config.NumberColumn("loss tolerance (±%)",
+                                                            format="%.2g"),
         "max_batch_fit": st.column_config.NumberColumn("max batch fit"),
         "skipped_steps": st.column_config.NumberColumn("skipped steps"),
         "tensor_core_share": st.column_config.NumberColumn("Tensor-Core share", format="percent"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import os
 import subprocess
 import sys
@@ -84,6 +85,8 @@ class SweepGrid:
     """Local backend: auto | cpu | cuda | cuda:N. The ray backend lets Ray place each run."""
     profile: bool = True
     """Profile a short window per run (kernel breakdown, Tensor-Core / CPU evidence)."""
+    workload: str = ""
+    """The custom model's workload (file path or module:function), when models has custom."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", _enum_list("models", self.models, ModelName, "model"))
@@ -105,7 +108,8 @@ class SweepGrid:
     def configs(self) -> list[RunConfig]:
         """One RunConfig per grid point, models outermost, batch sizes innermost."""
         return [RunConfig(model=model, size=self.size, precision=precision, batch_size=batch,
-                          steps=self.steps, device=self.device, profile=self.profile)
+                          steps=self.steps, device=self.device, profile=self.profile,
+                          workload=self.workload if model == ModelName.CUSTOM.value else "")
                 for model, precision, batch in itertools.product(
                     self.models, self.precisions, self.batch_sizes)]
 
@@ -298,13 +302,14 @@ def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
     grid = view.grid
     baseline = baseline_precision(grid.precisions)
     cells = {(r.config.model, r.config.precision, r.config.batch_size): r for r in view.runs}
-    values, statuses, absolute = {}, {}, {}
+    values, statuses, absolute, notes = {}, {}, {}, {}
     for model in grid.models:
         frame = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
                              dtype=float)
         status = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
                               dtype=object)
         own = frame.copy()  # the absolute figure behind a ratio (throughput_x: samples/s)
+        note = status.copy()  # throughput_x: its interval, "n.s." or "busy" (see _ratio_note)
         for precision, batch in itertools.product(grid.precisions, grid.batch_sizes):
             run = cells.get((model, precision, batch))
             status.loc[precision, batch] = run.status if run else "missing"
@@ -312,11 +317,34 @@ def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
             frame.loc[precision, batch] = _cell_value(run, base, metric)
             own.loc[precision, batch] = _cell_value(run, None, "samples_per_s") \
                 if metric == "throughput_x" else frame.loc[precision, batch]
+            note.loc[precision, batch] = (_ratio_note(run, base, frame.loc[precision, batch])
+                                          if metric == "throughput_x" and precision != baseline
+                                          else "")
         frame.index.name, frame.columns.name = "precision", "batch size"
-        values[model], statuses[model], absolute[model] = frame, status, own
+        values[model], statuses[model], absolute[model], notes[model] = frame, status, own, note
     label, unit = MATRIX_METRICS[metric]
-    return {"values": values, "status": statuses, "absolute": absolute, "baseline": baseline,
-            "metric": metric, "label": label, "unit": unit}
+    return {"values": values, "status": statuses, "absolute": absolute, "notes": notes,
+            "baseline": baseline, "metric": metric, "label": label, "unit": unit}
+
+
+def _ratio_note(run: RunRecord | None, base: RunRecord | None, ratio: float) -> str:
+    """What a throughput ratio may claim: "busy" when either run was measured on a busy
+    machine, its 95 % interval ("[1.18-1.29]") when that excludes 1.0, else "n.s."."""
+    # the interval uses numpy (the Sweep page and CLI only): not at module level
+    from engine.analysis.compare import COMPARE_STATS_KEY, unpaired_ratio_interval
+
+    if _finite(ratio) is None or run is None or base is None:
+        return ""
+    if any((r.summary.get("contention") or {}).get("busy") for r in (run, base)):
+        return "busy"
+    samples = [(r.summary.get(COMPARE_STATS_KEY) or {}).get("steady_step_ms") or []
+               for r in (base, run)]
+    interval = unpaired_ratio_interval(*samples)
+    if interval is None:
+        return "n.s."
+    step_ratio = statistics.median(samples[0]) / statistics.median(samples[1])
+    low, high = (bound * ratio / step_ratio for bound in interval)
+    return f"[{low:.2f}-{high:.2f}]" if low > 1.0 or high < 1.0 else "n.s."
 
 
 def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -> str:
@@ -326,8 +354,11 @@ def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -
     status = matrix["status"][model].loc[precision, batch]
     own = matrix["absolute"][model].loc[precision, batch]
     if matrix["metric"] == "throughput_x":
+        note = matrix.get("notes", {}).get(model)
+        note = note.loc[precision, batch] if note is not None else ""
         ratio = f"{value:.2f}x" if _finite(value) is not None else (
             "n/a" if status == FINISHED else status)
+        ratio += f" {note}" if note and _finite(value) is not None else ""
         # The absolute figure stays even when the ratio has no baseline to divide by.
         return ratio + (f"<br>{_figure(own)} samples/s" if _finite(own) is not None else "")
     if _finite(value) is None:
@@ -370,8 +401,10 @@ def matrix_text(matrix: dict[str, Any]) -> str:
     for model, frame in matrix["values"].items():
         status = matrix["status"][model]
         header = [model] + [f"bs{b}" for b in frame.columns]
+        notes = matrix.get("notes", {}).get(model)
         rows = [[precision] + [_cell_text(frame.loc[precision, b], status.loc[precision, b],
-                                          matrix["metric"])
+                                          matrix["metric"],
+                                          notes.loc[precision, b] if notes is not None else "")
                                for b in frame.columns] for precision in frame.index]
         widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
         lines.append("")
@@ -381,9 +414,11 @@ def matrix_text(matrix: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cell_text(value: float, status: str, metric: str) -> str:
+def _cell_text(value: float, status: str, metric: str, note: str = "") -> str:
     if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.2f}x" if metric == "throughput_x" else f"{value:.4g}"
+        if metric == "throughput_x":
+            return f"{value:.2f}x" + (f" {note}" if note else "")
+        return f"{value:.4g}"
     return "n/a" if status == FINISHED else f"n/a ({status})"
 
 

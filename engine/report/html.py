@@ -31,7 +31,7 @@ from engine.analysis.compare import (
     steady_medians,
     summary_table,
 )
-from engine.report.figures import PLOTLY_CONFIG, comparison_figures
+from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
 
 
@@ -51,15 +51,67 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
     run_ids = list(dict.fromkeys(run_ids))
     if not run_ids:
         raise ValueError("run_ids=[]: name at least one run")
-    runs = {run_id: store.get_run(run_id) for run_id in run_ids}
+    every = {run_id: store.get_run(run_id) for run_id in run_ids}
+    checks = {i: r for i, r in every.items() if r.config.is_speedup_check}
+    runs = {i: r for i, r in every.items() if not r.config.is_speedup_check}
+    parts = ["<h1>Precision Lab report</h1>", f"<p class=meta>{_e(_generated_line())}</p>"]
+    if checks:
+        parts.append(_section("Speedup checks (paired: the figures to quote)",
+                              "\n".join(_speedup_html(check) for check in checks.values())))
+    if runs:
+        parts += _runs_sections(store, runs, baseline_id)
+    title = "Precision Lab report: " + ", ".join(run_ids)
+    return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
+            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n"
+            # plotly.js inlined once, so the file opens without a network.
+            f"<script id=plotly-js>{_plotly_js()}</script>\n"
+            f"<script id=print-charts>{_PRINT_SCRIPT}</script>\n</head>\n"
+            f"<body>\n{chr(10).join(parts)}\n</body>\n</html>\n")
+
+
+def _speedup_html(check: RunRecord) -> str:
+    """One paired speedup check: verdict of the machine, forest plot, per-mode table."""
+    result = check.summary.get("speedup") or {}
+    head = f"<h3>{_e(check.config.label)} <span class=meta>({_e(check.id)}, {_e(check.status)})</span></h3>"
+    if not result:
+        return head + "<p>No round measured yet.</p>"
+    contention = result.get("contention") or {}
+    busy = bool(contention.get("busy"))
+    machine = (f"<p class=warn>{_e(contention['words'])}</p>" if busy
+               else f"<p class=meta>{_e(contention.get('words', ''))}</p>")
+    rows = []
+    for row in result.get("modes", []):
+        verdict = row.get("words") or ""
+        if busy and row["mode"] != result.get("baseline") and row.get("significant"):
+            verdict += " (machine busy: not a claim)"
+        interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}"
+                    if row.get("ci_low") is not None and row["mode"] != result.get("baseline")
+                    else "")
+        rows.append([row["mode"], _fmt_cell(row.get("median_step_ms"), "{:,.2f}"),
+                     _fmt_cell(row.get("samples_per_s"), "{:,.1f}"),
+                     _fmt_cell(row.get("speedup"), "{:.3f}"), interval,
+                     _fmt_cell(row.get("peak_mem_bytes"), "mib"), row.get("blocks"), verdict])
+    table = _html_table(["mode", "median step (ms)", "samples/s", "speedup", "95 % interval",
+                         "peak memory (MiB)", "blocks", "verdict"], rows, {1, 2, 3, 5, 6})
+    method = (f"<p class=meta>{result.get('rounds')} rounds of {result.get('block_steps')} "
+              "steps per mode, interleaved in one process; speedup = trimmed geometric mean "
+              "of the per-round paired ratios, 95 % interval by bootstrap over rounds; peak "
+              f"memory from the {_e(result.get('memory_method'))}.</p>")
+    findings_html = _findings_list(result.get("findings") or []) if result.get("findings") else ""
+    return (head + machine + _figure_div(speedup_forest_figure(result)) + table + method
+            + findings_html)
+
+
+def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str | None) -> list[str]:
+    run_ids = list(runs)
+    if baseline_id not in run_ids:
+        baseline_id = None
     table = summary_table(store, run_ids, baseline_id)
     names = display_names(runs.values())
     frames = metrics_frames(store, run_ids, max_points=chart_points_per_run(len(run_ids)))
     units = dict(zip(table["run_id"], table["throughput_unit"]))
     figures = comparison_figures(frames, names, units, steady_medians=steady_medians(table))
-    body = "\n".join([
-        "<h1>Precision Lab report</h1>",
-        f"<p class=meta>{_e(_generated_line())}</p>",
+    return [
         _section("Runs", _runs_table(runs, names)),
         _section("Devices", _devices_table(runs)),
         _section("Findings", _findings_list(findings(table, runs))),
@@ -68,14 +120,7 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
         _section("Charts", "\n".join(_figure_div(fig) for fig in figures.values())),
         _section("Config differences", _config_diff_html(runs)),
         _section("Full configs and run summaries", _configs_html(runs)),
-    ])
-    title = "Precision Lab report: " + ", ".join(run_ids)
-    return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
-            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n"
-            # plotly.js inlined once, so the file opens without a network.
-            f"<script id=plotly-js>{_plotly_js()}</script>\n"
-            f"<script id=print-charts>{_PRINT_SCRIPT}</script>\n</head>\n"
-            f"<body>\n{body}\n</body>\n</html>\n")
+    ]
 
 
 _CSS = """
@@ -86,6 +131,7 @@ th { background: #f3f3f3; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.baseline td { font-weight: 600; }
 .meta { color: #666; }
+.warn { color: #8a4b00; background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4rem 0.6rem; }
 pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; }
 .chart { margin-bottom: 1rem; }
 /* A table wider than the page (the summary has 17 columns) scrolls inside its own box
@@ -186,10 +232,11 @@ def _findings_list(statements: list[str]) -> str:
 _SUMMARY_COLUMNS = [
     ("name", "run", None), ("run_id", "run id", None), ("status", "status", None),
     ("throughput_per_s", "throughput (/s)", "{:,.1f}"), ("throughput_unit", "unit", None),
-    ("throughput_x", "throughput x", "{:.2f}x"), ("step_time_ms", "step time (ms)", "{:,.1f}"),
+    ("throughput_x", "throughput x", "{:.2f}x"), ("throughput_interval", "95 % interval", None),
+    ("machine", "machine", None), ("step_time_ms", "step time (ms)", "{:,.1f}"),
     ("peak_mem_bytes", "peak memory (MiB)", "mib"), ("mem_saved_pct", "memory saved (%)", "{:+.1f}"),
     ("final_loss", "final loss", "{:.4f}"), ("final_loss_diff_pct", "final loss diff (%)", "{:+.2f}"),
-    ("loss_noise_pct", "loss noise (±%)", "{:.2f}"), ("max_batch_fit", "max batch fit", "{:d}"),
+    ("loss_tolerance_pct", "loss tolerance (±%)", "{:.2g}"), ("max_batch_fit", "max batch fit", "{:d}"),
     ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "{:.0%}"),
     ("mfu", "MFU", "{:.1%}"), ("steady_basis", "timing basis", None),
 ]
@@ -198,6 +245,11 @@ _SUMMARY_COLUMNS = [
 def _summary_html(table: pd.DataFrame) -> str:
     rows, classes = [], []
     for record in table.to_dict("records"):
+        low, high = record.get("throughput_x_low"), record.get("throughput_x_high")
+        record["throughput_interval"] = f"{low:.2f}-{high:.2f}x" if low is not None else ""
+        busy = record.get("busy")
+        record["machine"] = ("busy: unreliable" if busy else "quiet" if busy is False
+                             else "not measured")
         rows.append([_fmt_cell(record.get(col), fmt) for col, _label, fmt in _SUMMARY_COLUMNS])
         classes.append("baseline" if record["is_baseline"] else "")
     numeric = {i for i, (_c, _l, fmt) in enumerate(_SUMMARY_COLUMNS) if fmt}
