@@ -1,6 +1,7 @@
 """Instrumented training loop vs a bare PyTorch loop: throughput ratio, side by side.
 
     python -m bench.overhead [--model gpt --size tiny --precision fp32 --batch-size 16]
+        [--model torchvision:resnet50 --image-size 32 | --model hf:gpt2 --seq-len 64]
         [--device auto --log-interval 1 --rounds 10 --threads N] [--json]
 
 The instrumented side is the real thing: `engine.training.loop.train` with a store-backed
@@ -58,7 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt")
-    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--size", default="tiny", help="mlp/resnet/gpt only")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="image side in px (image models; default RunConfig's 32)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per sequence (sequence models; default RunConfig's 64)")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=None,
@@ -400,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         return RunConfig(model=args.model, size=args.size, precision=args.precision,
                          batch_size=args.batch_size, steps=args.steps or first + 6, profile=False,
                          log_interval=log_interval, warmup_steps=min(3, args.warmup),
-                         device=device_key)
+                         device=device_key, **input_sizes)
+
+    # Only the sizes given: RunConfig's defaults otherwise (tiny inputs, fast on a CPU).
+    input_sizes = {name: value for name, value in (("image_size", args.image_size),
+                                                   ("seq_len", args.seq_len)) if value}
 
     li = args.log_interval
     with tempfile.TemporaryDirectory(prefix="bench_overhead_") as tmp:
@@ -449,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     bare = spread(m["samples_per_s"]["bare"])
     met = headline is not None and headline >= TARGET_RATIO
 
-    print(f"bench.overhead: {args.model}-{args.size} {args.precision} batch {args.batch_size} "
+    model_label = args.model if ":" in args.model else f"{args.model}-{args.size}"
+    print(f"bench.overhead: {model_label} {args.precision} batch {args.batch_size} "
           f"on {device_key} ({torch.get_num_threads()} torch threads), pairing={pairing}, "
           f"{args.steps} steps/run, timed steps {first}..{args.steps - 1}, {rounds_done} "
           f"rounds in {m['elapsed_s']:.1f} s; load avg at start {machine['load_avg_1_5_15_min']}")

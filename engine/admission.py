@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from engine.architectures import missing_extra
 from engine.config import CommHook, ConfigError, Precision, RunConfig, Sharding
 from engine.hardware.devices import (
     EMULATED,
@@ -32,6 +33,9 @@ MAX_CPU_PROCS = 8  # each CPU process trains a whole replica on shared cores
 
 def check_runnable(cfg: RunConfig) -> tuple[DeviceInfo, list[str]]:
     """Refuse a config the resolved device cannot run; return the device and warnings."""
+    problem = missing_extra(cfg.model.value)  # a known architecture whose library is absent
+    if problem:
+        raise ConfigError("model", cfg.model, problem)
     dev = get_device(resolve_device_key(cfg.device))
     support = mode_support(dev, cfg.precision_mode)
     if support.status == UNSUPPORTED:
@@ -42,6 +46,9 @@ def check_runnable(cfg: RunConfig) -> tuple[DeviceInfo, list[str]]:
     warnings = []
     if support.status == EMULATED:
         warnings.append(f"{cfg.precision} on {dev.name} is emulated: {support.reason}")
+    if cfg.unused_loader_options:
+        warnings.append(f"{', '.join(cfg.unused_loader_options)} unused: DataLoader options "
+                        "apply to data loader with workers (set data loader, num_workers >= 1)")
     if cfg.memory_cap_mb and dev.kind != "cpu":
         warnings.append("memory_cap_mb applies to CPU runs only; ignored on CUDA")
     if cfg.memory_cap_mb and cfg.nprocs > 1:

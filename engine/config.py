@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from engine.architectures import ARCHITECTURES, CUSTOM
+
 
 class ConfigError(ValueError):
     """A value a user gave is not acceptable. Names the field, the value and the fix."""
@@ -76,9 +78,26 @@ COMPUTE_DTYPES = {
 
 
 class ModelName(Choice):
+    """The home-made models (mlp, resnet, gpt: `size` picks tiny/small/medium), the known
+    architectures by name (engine.architectures: library code, random weights) and
+    `custom`: your own workload file or module (`workload`, docs/workloads.md)."""
     MLP = "mlp"
     RESNET = "resnet"
     GPT = "gpt"
+    TV_RESNET50 = "torchvision:resnet50"
+    TV_VIT_B_16 = "torchvision:vit_b_16"
+    TV_MOBILENET_V3_LARGE = "torchvision:mobilenet_v3_large"
+    TV_CONVNEXT_TINY = "torchvision:convnext_tiny"
+    HF_GPT2 = "hf:gpt2"
+    HF_LLAMA_SMALL = "hf:llama-small"
+    HF_BERT_BASE = "hf:bert-base"
+    CUSTOM = CUSTOM
+
+
+class DataMode(Choice):
+    """Where batches come from (RunConfig.data)."""
+    SYNTHETIC = "synthetic"  # generated on the training device: no input pipeline at all
+    LOADER = "loader"        # host-side files through torch.utils.data.DataLoader
 
 
 class ModelSize(Choice):
@@ -124,6 +143,9 @@ MAX_NPROCS = 64
 # A smaller address-space cap cannot even start the interpreter (exit 127), let alone load
 # PyTorch; caps from here up fail, if too small, with "too small to load PyTorch".
 MIN_MEMORY_CAP_MB = 256
+MAX_LOADER_WORKERS = 32  # each is a process holding a copy of the dataset object
+MAX_PREFETCH_FACTOR = 64
+MAX_WORKLOAD_CHARS = 1000
 
 # (lowest, highest, what to give) of every numeric field: RunConfig's checks and the UI's
 # inputs both read these, so a bound is changed in one place.
@@ -140,6 +162,10 @@ INT_BOUNDS: dict[str, tuple[int, int, str]] = {
                                 "e.g. 4096"),
     "seed": (0, 2**31 - 1, "a seed between 0 and 2**31-1"),
     "nprocs": (1, MAX_NPROCS, f"1 process, or 2..{MAX_NPROCS} for a multi-process run"),
+    "num_workers": (0, MAX_LOADER_WORKERS, f"0 (load in the training process) or up to "
+                                           f"{MAX_LOADER_WORKERS} DataLoader worker processes"),
+    "prefetch_factor": (1, MAX_PREFETCH_FACTOR, f"batches each worker loads ahead, "
+                                                f"1..{MAX_PREFETCH_FACTOR}, e.g. 2"),
 }
 FLOAT_BOUNDS: dict[str, tuple[float, float, str]] = {
     "lr": (0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3"),
@@ -157,6 +183,11 @@ def bounds(field_name: str) -> tuple[int | float, int | float]:
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d{1,2})?)$")
 _NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
+# A workload: a file path ending in .py, or an importable module:function (never run
+# through a shell or eval: engine/training/workload.py imports it).
+_WORKLOAD_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+WORKLOAD_FIX = ("a workload file (path/to/workload.py) or an importable module:function "
+                "(e.g. my_pkg.workloads:build); see docs/workloads.md")
 
 
 @dataclass(frozen=True)
@@ -164,9 +195,14 @@ class RunConfig:
     """Everything that defines one training run. Units are in the field names or docs."""
 
     model: ModelName = ModelName.GPT
-    """Model family: mlp | resnet | gpt."""
+    """mlp | resnet | gpt (home-made, sized by `size`), a known architecture
+    (torchvision:resnet50, hf:gpt2, ...: `python -m engine models`) or custom (`workload`)."""
     size: ModelSize = ModelSize.TINY
-    """tiny (seconds on 2 CPU cores) | small | medium (about GPT-2 small, 124M; for GPUs)."""
+    """mlp/resnet/gpt only: tiny (seconds on 2 CPU cores) | small | medium (about GPT-2
+    small, 124M; for GPUs). Known architectures have their own fixed size."""
+    workload: str = ""
+    """model custom only: your workload, a file path/to/workload.py or an importable
+    module:function returning a Workload (docs/workloads.md)."""
     precision: Precision = Precision.FP32
     """Precision mode, see `Precision`."""
     batch_size: int = 16
@@ -188,6 +224,19 @@ class RunConfig:
     """Use channels_last memory format (resnet only; helps Tensor-Core convs)."""
     compile: bool = False
     """Wrap the model in torch.compile (first steps then include compile time)."""
+    data: DataMode = DataMode.SYNTHETIC
+    """synthetic (batches generated on the device: no input pipeline) | loader (real files
+    on the host through torch.utils.data.DataLoader: stdlib source text as bytes for
+    sequence models, JPEG files decoded by PIL for image models)."""
+    num_workers: int = 0
+    """data loader (or a workload's Dataset): DataLoader worker processes (0 = load in the
+    training process). The DataLoader options are unused with synthetic data."""
+    pin_memory: bool = False
+    """data loader: page-locked host batches, copied to a GPU asynchronously (CUDA only)."""
+    persistent_workers: bool = False
+    """data loader with workers: keep the worker processes between passes over the data."""
+    prefetch_factor: int = 2
+    """data loader with workers: batches each worker loads ahead."""
     nprocs: int = 1
     """Training processes, started by torchrun: one per GPU on CUDA (cuda:0..N-1 from the
     run's device), gloo processes on a CPU. batch_size is per process: the global batch is
@@ -233,7 +282,8 @@ class RunConfig:
                               f"room to start; use 0 (no cap) or at least {MIN_MEMORY_CAP_MB}")
         for name, (low, high, fix) in FLOAT_BOUNDS.items():
             _check_float(self, name, low, high, fix, open_low=name in OPEN_LOW_BOUNDS)
-        for flag in ("channels_last", "compile", "loss_scaling", "profile", "numerics"):
+        for flag in ("channels_last", "compile", "loss_scaling", "profile", "numerics",
+                     "pin_memory", "persistent_workers"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, getattr(self, flag), "true or false")
         if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
@@ -242,6 +292,36 @@ class RunConfig:
             raise ConfigError("name", self.name,
                               "up to 80 letters, digits, spaces and . , : + ( ) - _")
         self._check_multi_process()
+        self._check_workload()
+        self._check_architecture_inputs()
+
+    def _check_workload(self) -> None:
+        if not isinstance(self.workload, str) or len(self.workload) > MAX_WORKLOAD_CHARS \
+                or any(ch in self.workload for ch in "\0\n\r"):
+            raise ConfigError("workload", self.workload, WORKLOAD_FIX)
+        if self.model == ModelName.CUSTOM.value:
+            text = self.workload.strip()
+            if not text.endswith(".py") and not _WORKLOAD_MODULE_RE.fullmatch(text):
+                raise ConfigError("workload", self.workload, f"model custom needs {WORKLOAD_FIX}")
+        elif self.workload:
+            raise ConfigError("workload", self.workload,
+                              f"a workload is run by model custom; set model custom, or "
+                              f"clear workload to train {self.model}")
+
+    def _check_architecture_inputs(self) -> None:
+        """Input sizes a known architecture cannot take (its patch side, its position table)."""
+        arch = ARCHITECTURES.get(self.model.value)
+        if arch is None:
+            return
+        if self.image_size % arch.image_multiple:
+            raise ConfigError("image_size", self.image_size,
+                              f"{arch.name} cuts images into {arch.image_multiple} px patches; "
+                              f"use a multiple of {arch.image_multiple}, e.g. "
+                              f"{max(arch.image_multiple, self.image_size // arch.image_multiple * arch.image_multiple)}")
+        if arch.max_seq_len is not None and self.seq_len > arch.max_seq_len:
+            raise ConfigError("seq_len", self.seq_len,
+                              f"{arch.name} has positions for {arch.max_seq_len} tokens; use "
+                              f"seq_len <= {arch.max_seq_len}")
 
     def _check_multi_process(self) -> None:
         """Combinations that cannot mean anything, whatever the machine (its limits are
@@ -272,6 +352,7 @@ class RunConfig:
             ("optimizer", OptimizerName, "optimizer"),
             ("sharding", Sharding, "sharding"),
             ("comm_hook", CommHook, "communication hook"),
+            ("data", DataMode, "data mode"),
         ):
             value = getattr(self, field_name)
             if isinstance(value, Enum):
@@ -294,7 +375,31 @@ class RunConfig:
     @property
     def label(self) -> str:
         procs = f" x{self.nprocs} procs" if self.nprocs > 1 else ""
-        return self.name or f"{self.model}-{self.size} {self.precision} bs{self.batch_size}{procs}"
+        data = f" workers{self.num_workers}" if self.data == DataMode.LOADER.value else ""
+        return self.name or (f"{self.model_label} {self.precision} bs{self.batch_size}"
+                             f"{procs}{data}")
+
+    @property
+    def unused_loader_options(self) -> list[str]:
+        """DataLoader options set that this config never uses (synthetic data made on the
+        device, or persistent workers without workers): warned about, not refused."""
+        unused = []
+        if self.data == DataMode.SYNTHETIC.value and self.model != ModelName.CUSTOM.value:
+            unused = [name for name, off in (("num_workers", 0), ("pin_memory", False),
+                                             ("persistent_workers", False))
+                      if getattr(self, name) != off]
+        if self.persistent_workers and self.num_workers == 0 and "persistent_workers" not in unused:
+            unused.append("persistent_workers")
+        return unused
+
+    @property
+    def model_label(self) -> str:
+        """mlp-tiny, torchvision:resnet50, or the custom workload's file/function name."""
+        if self.model == ModelName.CUSTOM.value:
+            return "custom:" + self.workload.replace("\\", "/").rsplit("/", 1)[-1]
+        if self.model.value in ARCHITECTURES:
+            return self.model.value
+        return f"{self.model}-{self.size}"
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -386,7 +491,7 @@ def _parse_field_docs() -> dict[str, str]:
 _FIELD_DOCS = _parse_field_docs()
 
 __all__ = [
-    "ConfigError", "Precision", "ModelName", "ModelSize", "OptimizerName", "RunConfig",
+    "ConfigError", "DataMode", "Precision", "ModelName", "ModelSize", "OptimizerName", "RunConfig",
     "Sharding", "CommHook", "MAX_NPROCS",
     "PRECISION_LABELS", "choices", "config_fields", "field_doc",
 ]

@@ -2,6 +2,8 @@
 
 - the comparison preset: one workload at fp32, fp16-amp and bf16-amp, queued in turn on
   one device so their numbers are fair (Launch page);
+- the input-pipeline what-if: one workload at one precision through the DataLoader with
+  0, 2 and 4 worker processes (how much of each step waits for data);
 - the numerics demo: a tiny MLP whose activation gradients fall below fp16's range as
   it learns, run as fp16 without loss scaling, fp16-amp and bf16-amp (Compare page);
 - `launch_many`: every config is checked against this machine first, so a preset or a
@@ -13,11 +15,12 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from engine.admission import check_runnable
-from engine.config import Precision, RunConfig
+from engine.config import DataMode, Precision, RunConfig
 from engine.run.launcher import launch
 from engine.store import Store
 
 COMPARISON_PRESET = (Precision.FP32.value, Precision.FP16_AMP.value, Precision.BF16_AMP.value)
+INPUT_PIPELINE_WORKERS = (0, 2, 4)  # DataLoader worker processes of the what-if's runs
 
 # The demo: batch 512 and lr 1e-2 make it converge within 60 steps; confident predictions
 # have tiny gradients. Measured on a CPU with the numerics probe: at steps 30 and 60 about
@@ -36,6 +39,15 @@ NUMERICS_DEMO_VARIANTS = (  # (precision, loss_scaling, label); the first is the
 def comparison_configs(base: RunConfig) -> list[RunConfig]:
     """`base` at each precision of the comparison preset."""
     return [base.replace(precision=precision) for precision in COMPARISON_PRESET]
+
+
+def input_pipeline_configs(base: RunConfig) -> list[RunConfig]:
+    """`base` (its model and precision) through the DataLoader with 0, 2 and 4 workers:
+    persistent, so a pass over the data does not restart them; the rest of base's
+    loader options (pin_memory, prefetch_factor) as given."""
+    return [base.replace(data=DataMode.LOADER.value, num_workers=workers,
+                         persistent_workers=workers > 0)
+            for workers in INPUT_PIPELINE_WORKERS]
 
 
 def numerics_demo_configs() -> list[RunConfig]:

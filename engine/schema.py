@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from engine.architectures import is_token_model
+
 # -- run statuses ------------------------------------------------------------------------
 QUEUED, RUNNING, FINISHED, FAILED, STOPPED, DIVERGED, OOM = (
     "queued", "running", "finished", "failed", "stopped", "diverged", "oom")
@@ -33,6 +35,9 @@ METRIC_COLUMNS = (
     "step", "wall_time_s", "loss", "lr", "step_time_ms", "samples_per_s", "tokens_per_s",
     "mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "rss_bytes",
     "loss_scale", "skipped_steps", "grad_norm", "achieved_tflops", "mfu", "phase",
+    # per step, mean over the logged interval: waiting for the next batch (the input
+    # pipeline), and its host-to-device copy (NULL where there is none: synthetic, CPU)
+    "data_wait_ms", "h2d_copy_ms",
 )
 TELEMETRY_COLUMNS = (
     "t_s", "gpu_util_pct", "mem_util_pct", "gpu_mem_used_bytes", "power_w", "power_limit_w",
@@ -67,16 +72,13 @@ STANDBY_LOG = "standby.log"                # <data dir>/standby.log
 PEAKS_CACHE_FILENAME = "peaks_cache.json"  # <data dir>/peaks_cache.json: measured peaks
 
 # -- throughput --------------------------------------------------------------------------
-TOKEN_MODELS = ("gpt",)  # models whose natural rate is tokens/s (sequence models)
-
-
 def throughput_column(model: str) -> str:
     """The metric column a model's throughput is read from: tokens for sequence models."""
-    return "tokens_per_s" if model in TOKEN_MODELS else "samples_per_s"
+    return "tokens_per_s" if is_token_model(model) else "samples_per_s"
 
 
 def throughput_unit(model: str) -> str:
-    return "tokens/s" if model in TOKEN_MODELS else "samples/s"
+    return "tokens/s" if is_token_model(model) else "samples/s"
 
 
 def plausible_mfu(achieved_flops: float | None, peak_flops: float | None) -> float | None:
@@ -112,6 +114,9 @@ class RunSummary(TypedDict, total=False):
     achieved_tflops: float | None
     param_count: int
     trace_path: str | None
+    data_wait_ms: float | None  # steady steps: mean wait for the next batch
+    h2d_copy_ms: float | None   # steady steps: mean host-to-device copy (None: no copy)
+    data_wait_share: float | None  # data_wait_ms / step_time_ms (input-bound near 1)
     extra: dict[str, Any]  # model spec, compute dtype
     # MFU (run.session: the peak before training, result_summary after it)
     mfu: float | None

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.cpu_evidence import verdict_tone
-from engine.analysis.live import eta_s, live_headline, no_progress_s
+from engine.analysis.live import data_wait_share, eta_s, live_headline, no_progress_s
 from engine.cluster.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.launcher import read_log_tail, reconcile, stop
@@ -164,6 +164,22 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
                        "for this precision is known; achieved TFLOP/s from measured FLOPs")
 
 
+def data_wait_line(run, frame: pd.DataFrame) -> None:
+    """How much of each step waited for the next batch (the input pipeline)."""
+    share = data_wait_share(run.summary, frame)
+    if share is None:
+        return
+    cfg = run.config
+    source = (f"DataLoader, {cfg.num_workers} workers" if cfg.data == "loader"
+              else "synthetic batches on the device")
+    text = f"Data wait: **{100 * share:.1f} %** of the step ({source})"
+    if share > 0.5:
+        st.warning(text + ": input-bound; more DataLoader workers (Input pipeline on Launch) "
+                   "or a cheaper pipeline would make steps faster than any precision can.")
+    else:
+        st.caption(text)
+
+
 def matrix_unit_badge(run) -> None:
     """After the profiler window: did the matrix work run on the matrix unit?"""
     summary = run.summary
@@ -258,6 +274,7 @@ def live_panel(run_id: str, status_at_load: str) -> None:
     status_block(current)
     progress_block(current, frame)
     headline_metrics(current, frame)
+    data_wait_line(current, frame)
     matrix_unit_badge(current)
     charts_block(current, frame)
     telemetry_block(current)

@@ -71,6 +71,20 @@ def eta_s(frame: pd.DataFrame, steps_done: int, total_steps: int) -> float | Non
     return None if step_ms is None else (total_steps - steps_done) * step_ms / 1000.0
 
 
+def data_wait_share(summary: dict[str, Any], frame: pd.DataFrame) -> float | None:
+    """The share of the step the loop spent waiting for its next batch: the summary's
+    (a finished run), else steady rows' data_wait_ms / step_time_ms so far. None for
+    runs logged before the column existed."""
+    if summary.get("data_wait_share") is not None:
+        return float(summary["data_wait_share"])
+    rows = steady_rows(frame)
+    if not len(rows) or "data_wait_ms" not in rows or not rows["data_wait_ms"].notna().any():
+        return None
+    both = rows[["data_wait_ms", "step_time_ms"]].dropna()
+    total_ms = float(both["step_time_ms"].sum())
+    return float(both["data_wait_ms"].sum()) / total_ms if total_ms > 0 else None
+
+
 STALL_AFTER_S = 60.0  # a running run with no new metric row for this long is called out
 
 

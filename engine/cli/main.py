@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from engine.cli import hardware, kernels, manage, report, runs, speedup, standby, sweep
+from engine.cli import hardware, kernels, manage, models, report, runs, speedup, standby, sweep
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, Parser, UsageError
 from engine.store import RunNotFound, StoreError
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m engine",
                     description="Precision Lab: mixed-precision training runs, headless.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (runs, speedup, manage, kernels, hardware, report, sweep, standby):
+    for group in (runs, speedup, manage, kernels, hardware, report, sweep, standby, models):
         group.add_subparsers(sub)
     return parser
 

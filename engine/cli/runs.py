@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from engine.admission import check_runnable
@@ -23,6 +24,7 @@ from engine.cli.standby import running_note
 from engine.config import (
     CommHook,
     ConfigError,
+    DataMode,
     ModelName,
     ModelSize,
     OptimizerName,
@@ -38,7 +40,11 @@ from engine.schema import FINAL_STATUSES, FINISHED, STATUSES
 from engine.store import Store, validate_run_id
 
 _ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
-                 "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook}
+                 "optimizer": OptimizerName, "sharding": Sharding, "comm_hook": CommHook,
+                 "data": DataMode}
+# `--model NAME` prefixes of the known architectures: a typo after them is a wrong name,
+# not a module:function of the user's.
+_ARCHITECTURE_PREFIXES = ("torchvision:", "hf:")
 
 
 def add_subparsers(sub) -> None:
@@ -113,6 +119,10 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             kind = type(default) if default is not None else str
             parser.add_argument(flag, dest=fld.name, type=typed(kind, flag), default=None,
                                 help=f"{help_text} Default: {default!r}.")
+    parser.add_argument("--model-file", dest="model_file", metavar="PATH.py", default=None,
+                        help="your own workload file (its build(cfg) returns a Workload; "
+                             "docs/workloads.md): sets --model custom --workload PATH. "
+                             "--model my_pkg.module:function does the same for a module.")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -120,6 +130,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     config (re-launch: the same run again, with any flag changed)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if getattr(args, f.name, None) is not None}
+    given.update(_workload_from_args(args, given.get("model")))
     base = RunConfig()
     if getattr(args, "from_run", None):
         try:
@@ -138,6 +149,24 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise UsageError(f"{flag_for(exc.field)} {exc.value!r}: {exc.fix}") from None
 
 
+
+
+def _workload_from_args(args: argparse.Namespace, model: str | None) -> dict[str, str]:
+    """--model-file PATH, or --model module:function: a custom workload (model custom)."""
+    path = getattr(args, "model_file", None)
+    if path is not None:
+        if model not in (None, ModelName.CUSTOM.value):
+            raise UsageError(f"--model-file {path!r} with --model {model!r}: give one of them")
+        resolved = Path(path).expanduser().resolve()
+        if resolved.suffix != ".py" or not resolved.is_file():
+            raise UsageError(f"--model-file {path!r}: not a .py file here; give the path of "
+                             "your workload file (docs/workloads.md)")
+        # absolute: the trainer runs in the project root, not in this directory
+        return {"model": ModelName.CUSTOM.value, "workload": str(resolved)}
+    if (model and model not in choices(ModelName) and ":" in model
+            and not model.startswith(_ARCHITECTURE_PREFIXES)):
+        return {"model": ModelName.CUSTOM.value, "workload": model}
+    return {}
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

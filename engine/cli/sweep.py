@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cluster.ray_env import RAY_ADDRESS_ENV, RayOptions, default_ray_address
@@ -35,6 +36,7 @@ _FLAGS = {
     "models": "--models", "precisions": "--precisions", "precision": "--precisions",
     "batch_sizes": "--batch-sizes", "batch_size": "--batch-sizes", "size": "--size",
     "steps": "--steps", "device": "--device", "ray_address": "--ray-address",
+    "workload": "--workload",
     "grid": "--models x --precisions x --batch-sizes", "gpus_per_run": "--gpus-per-run",
     "cpus_per_run": "--cpus-per-run", "stop_grace_s": "--stop-grace-s", "metric": "--metric",
     "connect_timeout_s": "--connect-timeout-s",
@@ -77,6 +79,9 @@ def _add_create(commands) -> None:
     create.add_argument("--batch-sizes", default="16", help="comma-separated, e.g. 8,16,32")
     create.add_argument("--size", default="tiny",
                         help=f"model size for every run; choices: {', '.join(choices(ModelSize))}")
+    create.add_argument("--workload", default="", metavar="PATH.py|MODULE:FUNCTION",
+                        help="the workload of the custom model, when --models has custom "
+                             "(docs/workloads.md)")
     create.add_argument("--steps", type=_int("--steps"), default=30,
                         help="optimizer steps per run (default 30)")
     create.add_argument("--device", default="auto",
@@ -145,7 +150,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     try:
         grid = SweepGrid(models=args.models, precisions=args.precisions,
                          batch_sizes=args.batch_sizes, size=args.size, steps=args.steps,
-                         device=args.device, profile=args.profile)
+                         device=args.device, profile=args.profile,
+                         workload=_workload_path(args.workload))
         timing = {name: getattr(args, name) for name in ("stop_grace_s", "connect_timeout_s")
                   if getattr(args, name) is not None}
         options = RayOptions(gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run,
@@ -270,3 +276,10 @@ def _print_view(view, metric: str, as_json: bool) -> None:
 
 def _json_number(value) -> float | None:
     return float(value) if isinstance(value, float) and math.isfinite(value) else None
+
+
+def _workload_path(text: str) -> str:
+    """A workload file as an absolute path: the runs' trainers start in the project root."""
+    if text.strip().endswith(".py"):
+        return str(Path(text.strip()).expanduser().resolve())
+    return text

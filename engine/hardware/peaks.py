@@ -357,6 +357,8 @@ def fp8_advice(cfg: RunConfig) -> str | None:
     (or when the run is not fp8)."""
     if cfg.precision != Precision.FP8.value:
         return None
+    if cfg.model not in (ModelName.MLP.value, ModelName.RESNET.value, ModelName.GPT.value):
+        return None  # known architectures, custom workloads: no layer-shape model here
     compile_hint = ("" if cfg.compile else " Also turn on compile: torchao's fp8 casts are "
                     "only fast when torch.compile fuses them.")
     if cfg.model == ModelName.RESNET.value:

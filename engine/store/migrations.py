@@ -117,6 +117,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     conn.executescript(_SCHEMA)
     _add_telemetry_rank(conn)
     _add_run_annotations(conn)
+    _add_series_columns(conn)
     conn.executescript(_SWEEP_SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -158,6 +159,31 @@ def _add_run_annotations(conn: sqlite3.Connection) -> None:
             continue
         try:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {declaration}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc).lower():
+                raise
+
+
+# Series columns added after the first schema: (table, column, declaration). Older
+# databases gain them on open; their old rows read NULL (unknown).
+SERIES_ADDED_COLUMNS = (
+    # The input pipeline per step (engine.training.loop): waiting for the next batch and
+    # its host-to-device copy.
+    ("metrics", "data_wait_ms", "REAL"),
+    ("metrics_overview", "data_wait_ms", "REAL"),
+    ("metrics", "h2d_copy_ms", "REAL"),
+    ("metrics_overview", "h2d_copy_ms", "REAL"),
+)
+
+
+def _add_series_columns(conn: sqlite3.Connection) -> None:
+    """Idempotent, and safe when two processes open the same old database at once."""
+    for table, name, declaration in SERIES_ADDED_COLUMNS:
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if name in columns:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc).lower():
                 raise

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.nn.functional as F
 
+from engine.architectures import ARCHITECTURES, is_token_model
 from engine.config import ModelName, OptimizerName, RunConfig
 from engine.hardware.telemetry import gpm_tensor_util
 from engine.schema import (
@@ -32,11 +33,19 @@ from engine.schema import (
     WARMUP,
     plausible_mfu,
 )
-from engine.training.data import SyntheticTask
+from engine.training.input_pipeline import (
+    BatchSource,
+    FunctionSource,
+    LoaderSource,
+    SyntheticSource,
+    builtin_source,
+)
 from engine.training.models import build_model, model_spec, parameter_count
 from engine.training.numerics import NumericsProbe, default_sample_steps
 from engine.training.onednn import capture_onednn_verbose
 from engine.training.precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
+from engine.training.workload import WorkloadError, is_dataset, load_workload, one_line
+from engine.workloads import workload_label
 
 if TYPE_CHECKING:  # the multi-process side imports torch.distributed; single runs never do
     from engine.training.parallel import ParallelContext
@@ -68,6 +77,11 @@ class TrainResult:
     achieved_tflops: float | None
     param_count: int
     trace_path: str | None = None
+    # steady steps: mean wait for the next batch and host-to-device copy per step (ms),
+    # and the wait's share of the step time
+    data_wait_ms: float | None = None
+    h2d_copy_ms: float | None = None
+    data_wait_share: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +93,20 @@ class _Interval:
     """Accumulates the steps between two log boundaries."""
     start_s: float
     steps: int = 0
+    wait_start_s: float = 0.0   # the batch source's cumulative wait at the start
+    copy_start_s: float | None = None
+
+    @classmethod
+    def starting(cls, source: BatchSource) -> "_Interval":
+        return cls(start_s=time.perf_counter(), wait_start_s=source.wait_s,
+                   copy_start_s=source.copy_s)
+
+    def input_ms(self, source: BatchSource) -> tuple[float, float | None]:
+        """(data wait, host-to-device copy) per step over this interval, in ms."""
+        wait = (source.wait_s - self.wait_start_s) * 1000.0 / max(self.steps, 1)
+        copy = (None if source.copy_s is None or self.copy_start_s is None
+                else (source.copy_s - self.copy_start_s) * 1000.0 / max(self.steps, 1))
+        return wait, copy
 
 
 def phase_of(step: int, cfg: RunConfig) -> str:
@@ -116,10 +144,12 @@ def build_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
 
 
 def compute_loss(cfg: RunConfig, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # The loss is computed in fp32 whatever the mode: autocast would too, and bf16-pure
-    # logits summed in bf16 lose the small differences the optimizer needs.
+    """Cross-entropy in fp32 whatever the mode (autocast would too, and bf16-pure logits
+    summed in bf16 lose the small differences the optimizer needs). Sequence models'
+    (batch, seq, vocab) logits: over every position; targets of -100 (BERT's unmasked
+    positions) are ignored."""
     logits = logits.float()
-    if cfg.model == ModelName.GPT.value:
+    if logits.dim() == 3:  # (batch, seq, vocab)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     return F.cross_entropy(logits, targets)
 
@@ -134,7 +164,10 @@ class Trainer:
         # Same seed on every rank: identical initial weights (FSDP2 shards them as they are).
         torch.manual_seed(cfg.seed)
         self.plan: PrecisionPlan = make_plan(cfg, device)
-        model = prepare_model(build_model(cfg), self.plan, device, cfg.channels_last)
+        rank = parallel.rank if parallel is not None else 0
+        self.workload = load_workload(cfg) if cfg.model == ModelName.CUSTOM.value else None
+        built = self.workload.model if self.workload else build_model(cfg)
+        model = prepare_model(built, self.plan, device, cfg.channels_last)
         self.param_count = parameter_count(model)
         self.module = model  # unwrapped: what the numerics probe hooks into
         # DDP / FSDP2 go around the model before the optimizer sees its parameters
@@ -143,12 +176,32 @@ class Trainer:
         self.model = torch.compile(wrapped) if cfg.compile else wrapped
         self.params = [p for p in wrapped.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(cfg, self.params)
-        rank = parallel.rank if parallel is not None else 0
-        self.task = SyntheticTask(cfg, device, stream=rank)  # each rank its own batches
+        self.loss_fn = (self.workload.loss if self.workload and self.workload.loss
+                        else lambda outputs, targets: compute_loss(cfg, outputs, targets))
+        # Each rank its own batches; with a DataLoader the workers start loading now.
+        self.batches: BatchSource = (self._workload_source() if self.workload
+                                     else builtin_source(cfg, device, stream=rank))
+        # what SyntheticTask-based callers read (None for a DataLoader or a workload)
+        self.task = self.batches.task if isinstance(self.batches, SyntheticSource) else None
         # Global: every rank trains batch_size samples per step.
         self.samples_per_step = cfg.batch_size * (parallel.world_size if parallel else 1)
-        self.tokens_per_sample = cfg.seq_len if cfg.model == ModelName.GPT.value else None
+        self.tokens_per_sample = (self.workload.tokens_per_sample if self.workload
+                                  else cfg.seq_len if is_token_model(cfg.model) else None)
         self.probe: NumericsProbe | None = None
+
+    def _workload_source(self) -> BatchSource:
+        source = self.workload.batches
+        if is_dataset(source):
+            return LoaderSource(source, self.cfg, self.device, self.cfg.channels_last)
+        if self.cfg.data == "loader":
+            raise WorkloadError(f"workload {workload_label(self.cfg.workload)}: data loader needs a "
+                                "torch.utils.data.Dataset as Workload.batches, and this one "
+                                "is a function; return a Dataset, or use data synthetic")
+        return FunctionSource(source, self.device)
+
+    def close(self) -> None:
+        """End the batch source's DataLoader workers (train() calls it on every path)."""
+        self.batches.close()
 
     def step(self, step: int, want_grad_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here.
@@ -159,14 +212,17 @@ class Trainer:
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        inputs, targets = self.task.batch()
+        inputs, targets = self.batches.next(step)
         scaler = self.plan.scaler
         probe = self.probe if self.probe is not None and self.probe.wants(step) else None
         if probe is not None:  # sampled steps only: get_scale() is a host sync
             probe.begin_step(step, loss_scale=float(scaler.get_scale()) if scaler else 1.0)
         with self.plan.autocast():
-            logits = self.model(cast_inputs(inputs, self.plan))
-        loss = compute_loss(self.cfg, logits, targets)
+            if isinstance(inputs, (tuple, list)):  # a workload's several model arguments
+                logits = self.model(*(_cast(x, self.plan) for x in inputs))
+            else:
+                logits = self.model(_cast(inputs, self.plan))
+        loss = self.loss_fn(logits, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(self.optimizer)  # so the logged gradient norm is the real one
@@ -190,6 +246,10 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), None if grad_norm is None else grad_norm.detach()
+
+
+def _cast(value: Any, plan: PrecisionPlan) -> Any:
+    return cast_inputs(value, plan) if isinstance(value, torch.Tensor) else value
 
 
 def measure_flops_per_step(trainer: Trainer) -> float | None:
@@ -331,7 +391,34 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
     profiles.
     """
     device = resolve_torch_device(device_key)
-    trainer = Trainer(cfg, device, parallel)
+    trainer = _user_code(cfg, "setting up", lambda: Trainer(cfg, device, parallel))
+    try:
+        return _user_code(cfg, "training", lambda: _train(
+            trainer, emit, should_stop, run_dir, peak_flops, on_window, parallel))
+    finally:
+        trainer.close()  # DataLoader workers end with the run, whatever ended it
+
+
+def _user_code(cfg: RunConfig, doing: str, work: Callable[[], Any]) -> Any:
+    """Run `work`; for a custom workload, its failures become one-line WorkloadErrors
+    (the user's traceback chained, for the run's log). OOM and divergence keep their type:
+    the session records them as oom / diverged."""
+    if cfg.model != ModelName.CUSTOM.value:
+        return work()
+    try:
+        return work()
+    except (WorkloadError, Diverged, torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as exc:
+        if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
+            raise
+        raise WorkloadError(f"workload {workload_label(cfg.workload)}: {doing} raised {one_line(exc)} "
+                            "(traceback in the run's log)") from exc
+
+
+def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
+           parallel) -> TrainResult:
+    cfg, device = trainer.cfg, trainer.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     flops_per_step = measure_flops_per_step(trainer)
@@ -350,7 +437,9 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
     status, reason, step = "finished", None, 0
     loss_scale = None
     run_start_s = time.perf_counter()
-    interval = _Interval(start_s=time.perf_counter())
+    source = trainer.batches
+    steady_wait_s = steady_copy_s = 0.0
+    interval = _Interval.starting(source)
 
     for step in range(1, cfg.steps + 1):
         if parallel is None and should_stop():
@@ -386,9 +475,12 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
             measured_at_s = time.perf_counter()
             elapsed_s = measured_at_s - interval.start_s
             step_time_ms = elapsed_s * 1000.0 / interval.steps
+            wait_ms, copy_ms = interval.input_ms(source)
             if phase == STEADY:
                 steady_time_s += elapsed_s
                 steady_steps += interval.steps
+                steady_wait_s += wait_ms * interval.steps / 1000.0
+                steady_copy_s += (copy_ms or 0.0) * interval.steps / 1000.0
             wrote_trace = profiler.after_step(step, next_phase)
             if is_log_step:
                 if scaler is not None:
@@ -397,16 +489,18 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
                                   step_time_ms, time.perf_counter() - run_start_s, device,
                                   loss_scale, int(skipped_total.item()) if scaler is not None else 0,
                                   flops_per_step, peak_flops)
+                row.update(data_wait_ms=wait_ms, h2d_copy_ms=copy_ms)
                 emit([row])
                 first_loss = loss_value if first_loss is None else first_loss
                 final_loss = loss_value
                 _check_finite(cfg, step, loss_value, loss_scale)
             # The next interval starts at the measurement, so logging and flushing count
             # against throughput like any other cost of the instrumented loop.
-            interval = _Interval(start_s=measured_at_s)
+            interval = _Interval.starting(source)
+            interval.start_s = measured_at_s
         if wrote_trace and on_window is not None:
             on_window(profiler, trainer.plan.compute_dtype_name)
-            interval = _Interval(start_s=time.perf_counter())  # export time is not a step
+            interval = _Interval.starting(source)  # export time is not a step
         if stop_all:
             status, reason = "stopped", f"stopped by request at step {step}"
             break
@@ -429,7 +523,28 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
         if flops_per_step and steady_time_s else None,
         param_count=trainer.param_count,
         trace_path=str(profiler.trace_path) if profiler.trace_path else None,
-        extra={"spec": asdict(model_spec(cfg)), "compute_dtype": trainer.plan.compute_dtype_name})
+        data_wait_ms=steady_wait_s * 1000.0 / steady_steps if steady_steps else None,
+        h2d_copy_ms=(steady_copy_s * 1000.0 / steady_steps
+                     if steady_steps and source.copy_s is not None else None),
+        data_wait_share=steady_wait_s / steady_time_s if steady_time_s else None,
+        extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
+               "input_pipeline": _pipeline_of(cfg)})
+
+
+def _spec_of(cfg: RunConfig) -> dict[str, Any]:
+    if cfg.model == ModelName.CUSTOM.value:
+        return {"workload": cfg.workload}
+    if cfg.model.value in ARCHITECTURES:
+        return {"architecture": cfg.model.value}
+    return asdict(model_spec(cfg))
+
+
+def _pipeline_of(cfg: RunConfig) -> dict[str, Any]:
+    if cfg.data == "synthetic":
+        return {"data": "synthetic"}
+    return {"data": "loader", "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory,
+            "persistent_workers": cfg.persistent_workers,
+            "prefetch_factor": cfg.prefetch_factor if cfg.num_workers else None}
 
 
 def _metric_row(cfg, trainer, step, phase, loss_value, grad_norm, step_time_ms, wall_time_s,

@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelName, ModelSize, RunConfig
+from engine.architectures import ARCHITECTURES, CAUSAL_LM, IMAGE, MASKED_LM, VECTOR
+from engine.config import ConfigError, ModelName, ModelSize, RunConfig
+from engine.training.architectures import build_architecture
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,55 @@ GPT_SPECS = {
 }
 
 
+_SPECS = {ModelName.MLP: MLP_SPECS, ModelName.RESNET: RESNET_SPECS, ModelName.GPT: GPT_SPECS}
+
+
 def model_spec(cfg: RunConfig):
-    size = ModelSize(cfg.size)
-    return {ModelName.MLP: MLP_SPECS, ModelName.RESNET: RESNET_SPECS,
-            ModelName.GPT: GPT_SPECS}[ModelName(cfg.model)][size]
+    """The home-made model's spec at cfg.size (mlp, resnet, gpt only)."""
+    if ModelName(cfg.model) not in _SPECS:
+        raise ConfigError("model", cfg.model, "only mlp, resnet and gpt have a size spec; "
+                                              "known architectures have their own fixed size")
+    return _SPECS[ModelName(cfg.model)][ModelSize(cfg.size)]
+
+
+# Batches for the known architectures: labels from 10 classes (the head keeps its 1000),
+# token ids from 256 values (bytes; the vocabulary keeps its size). A random model first
+# learns which outputs occur at all, so the loss falls within a few steps on any of them.
+ARCH_TASK_CLASSES = 10
+BYTE_VOCAB = 256
+# BERT's ids below ~1000 are special ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102,
+# [MASK] 103): byte b is id 1000 + b, so no byte reads as a special token.
+BERT_BYTE_OFFSET, BERT_MASK_ID = 1000, 103
+MASK_PROB = 0.15  # BERT's share of masked positions
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What one model's batches are (engine.architectures task kinds)."""
+    kind: str               # VECTOR | IMAGE | CAUSAL_LM | MASKED_LM
+    classes: int = 0        # VECTOR, IMAGE: labels are drawn from range(classes)
+    input_dim: int = 0      # VECTOR
+    vocab: int = 0          # token tasks: ids come from range(vocab), plus token_offset
+    token_offset: int = 0
+    mask_id: int | None = None  # MASKED_LM
+
+
+def task_shape(cfg: RunConfig) -> TaskShape:
+    """The batches `cfg.model` trains on (not for custom workloads: they bring their own)."""
+    arch = ARCHITECTURES.get(cfg.model.value)
+    if arch is not None:
+        if arch.task == IMAGE:
+            return TaskShape(IMAGE, classes=ARCH_TASK_CLASSES)
+        if arch.task == MASKED_LM:
+            return TaskShape(MASKED_LM, vocab=BYTE_VOCAB, token_offset=BERT_BYTE_OFFSET,
+                             mask_id=BERT_MASK_ID)
+        return TaskShape(CAUSAL_LM, vocab=BYTE_VOCAB)
+    spec = model_spec(cfg)
+    if cfg.model == ModelName.MLP.value:
+        return TaskShape(VECTOR, classes=spec.num_classes, input_dim=spec.input_dim)
+    if cfg.model == ModelName.RESNET.value:
+        return TaskShape(IMAGE, classes=spec.num_classes)
+    return TaskShape(CAUSAL_LM, vocab=spec.vocab_size)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,6 +242,9 @@ def _gpt_init(module: nn.Module) -> None:
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
+    """The model of a home-made or known architecture (custom workloads build their own)."""
+    if cfg.model.value in ARCHITECTURES:
+        return build_architecture(cfg)
     spec = model_spec(cfg)
     if cfg.model == ModelName.MLP.value:
         return MLP(spec)
