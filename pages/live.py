@@ -13,6 +13,13 @@ from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.live import data_wait_share, eta_s, live_headline, no_progress_s
 from engine.cluster.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
+from engine.run.batch_search import (
+    DEFAULT_MAX_PROBES,
+    SEARCH_LOG,
+    batch_search_progress,
+    search_outcome,
+    start_batch_search,
+)
 from engine.run.launcher import read_log_tail, reconcile, stop
 from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
@@ -20,6 +27,7 @@ from engine.store.downsample import downsample_minmax
 from pages import charts
 from pages.ui import (
     LIVE_RUN_KEY,
+    PREFILL_KEY,
     ensure_app_shell,
     fmt_bytes,
     fmt_duration,
@@ -286,27 +294,62 @@ def live_panel(run_id: str, status_at_load: str) -> None:
 
 st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.status)
 
+SEARCH_REFRESH_S = 1.0
+
+
 def batch_search_block(run) -> None:
-    """Offered after an OOM (and for any ended run): a bounded search of short probes."""
-    found = run.summary.get("max_batch_fit")
-    if found:
-        st.info(f"Largest batch that fits (measured): **{found}**")
+    """Offered after an OOM (and for any ended run): a bounded search of short probes in
+    a background process (engine.run.batch_search), so the page never waits for it and
+    the search goes on if the page is closed."""
+    search = batch_search_progress(store, run.id)
+    if search and search["state"] == "running":
+        st.fragment(run_every=SEARCH_REFRESH_S)(batch_search_running)(run.id)
+        return
+    if search and search["state"] == "done":
+        batch_search_result(run, search)
+    elif search and search["state"] == "failed":
+        st.error("The batch-size search failed: "
+                 f"{plain(search.get('error') or 'no reason recorded')} (the full output is "
+                 f"in {SEARCH_LOG} in the run's folder)")
+    elif run.summary.get("max_batch_fit"):  # measured earlier, e.g. by `engine maxbatch`
+        st.info(f"Largest batch that fits (measured): **{run.summary['max_batch_fit']}**")
     label = ("Find the largest batch that fits" if run.status == "oom"
              else "Measure the largest batch that fits")
-    if not st.button(label, key="find_max_batch"):
-        return
-    from engine.run.batch_search import find_max_batch
+    if st.button(label, key="find_max_batch",
+                 help=f"Two training steps per batch size, at most {DEFAULT_MAX_PROBES} sizes, "
+                      "in the background: you can leave this page meanwhile"):
+        try:
+            start_batch_search(store, run.id)
+        except RunNotFound:
+            st.warning("This run no longer exists.")
+            return
+        st.rerun()
 
-    with st.status("Probing batch sizes (two training steps each)...", expanded=True) as box:
-        def progress(message: dict) -> None:
-            st.write(f"batch {message['probe']}: " + ("fits" if message["fits"]
-                     else f"does not fit ({message['reason'][:100]})"))
 
-        result = find_max_batch(run.config, run.device_key, progress=progress)
-        store.merge_summary(run.id, {"max_batch_fit": result["max_batch_fit"],
-                                     "max_batch_search": result})
-        box.update(label=f"Largest batch that fits: {result['max_batch_fit']}"
-                   + ("" if result.get("complete") else " (search incomplete)"), state="complete")
+def batch_search_running(run_id: str) -> None:
+    """Probes so far, redrawn every second; the whole page once the search has ended."""
+    search = batch_search_progress(store, run_id)
+    if not search or search["state"] != "running":
+        st.rerun()
+    probes = search.get("probes") or []
+    done = ", ".join(f"{p['batch_size']} {'fits' if p['fits'] else 'does not fit'}"
+                     for p in probes)
+    st.info(f"Finding the largest batch that fits, in the background (two training steps "
+            f"per size, at most {search.get('max_probes', DEFAULT_MAX_PROBES)} sizes): "
+            f"{len(probes)} probed so far" + (f": {done}." if probes
+                                              else "; the first probe is loading PyTorch."))
+
+
+def batch_search_result(run, search: dict) -> None:
+    """The answer against the run's memory cap, and a Launch form filled in with it."""
+    st.success(plain(search_outcome(search)))
+    fit = (search.get("result") or {}).get("max_batch_fit")
+    if fit and fit != run.config.batch_size and st.button(
+            f"Launch with this batch ({fit})", key="launch_with_batch",
+            help="Opens Launch with this run's settings and this batch size filled in"):
+        config = {**run.config.to_dict(), "batch_size": int(fit)}
+        st.session_state[PREFILL_KEY] = {"run_id": run.id, "config": config}
+        st.switch_page("pages/launch.py")
 
 
 if not run.is_active and on_ray:
