@@ -7,10 +7,12 @@ import os
 import streamlit as st
 
 from engine.admission import check_parallel, max_procs_for
+from engine.architectures import HOME_MADE_TASKS, IMAGE, is_token_model, missing_extra, task_of
 from engine.config import (
     PRECISION_LABELS,
     CommHook,
     ConfigError,
+    DataMode,
     ModelName,
     ModelSize,
     OptimizerName,
@@ -22,8 +24,14 @@ from engine.config import (
     field_doc,
 )
 from engine.hardware.devices import UNSUPPORTED, mode_support
-from engine.presets import COMPARISON_PRESET, launch_many
+from engine.presets import (
+    COMPARISON_PRESET,
+    INPUT_PIPELINE_WORKERS,
+    input_pipeline_configs,
+    launch_many,
+)
 from engine.store import StoreError
+from engine.workloads import WORKLOADS_ENV, discover_workloads, workloads_dir
 from pages.ui import (
     MODE_ICONS,
     PREFILL_KEY,
@@ -40,7 +48,8 @@ DEFAULTS = RunConfig()
 
 st.title("Launch a run")
 st.caption("Trains in a background process: closing this tab does not stop it. "
-           "Data is synthetic and generated on the device, so nothing is downloaded.")
+           "Nothing is downloaded: models are built with random weights, and data is "
+           "synthetic on the device or read from files already on this machine.")
 
 store = get_store()
 devices = cached_devices()
@@ -57,9 +66,41 @@ FORM_KEYS = {
     "grad_scaler_init_scale": "init_scale", "grad_scaler_growth_interval": "growth",
     "log_interval": "log_interval", "warmup_steps": "warmup_steps", "profile": "profile",
     "profile_steps": "profile_steps", "numerics": "numerics", "memory_cap_mb": "memory_cap_mb",
-    "name": "name",
+    "name": "name", "workload": "workload", "data": "data", "num_workers": "num_workers",
+    "pin_memory": "pin_memory", "persistent_workers": "persistent_workers",
+    "prefetch_factor": "prefetch_factor",
 }
 FLOAT_FIELDS = ("lr", "grad_scaler_init_scale")
+# Your own workloads: only files in the folder PRECISION_LAB_WORKLOADS names (listed, not
+# imported, here); never a path typed or uploaded in the browser.
+WORKLOAD_FILES = discover_workloads()
+
+
+def model_choice_label(name: str) -> str:
+    """A model choice, marked (not selectable in effect) when it cannot run here."""
+    if name == ModelName.CUSTOM.value:
+        return "custom: your own workload" + ("" if WORKLOAD_FILES else " (none configured)")
+    return name + (" (needs the models extra)" if missing_extra(name) else "")
+
+
+def model_unavailable(name: str) -> str | None:
+    """Why `name` cannot be launched from here, or None."""
+    if name == ModelName.CUSTOM.value and not WORKLOAD_FILES:
+        folder = workloads_dir()
+        where = f"no workload files found in {folder}" if folder else f"{WORKLOADS_ENV} is not set"
+        return (f"{where}: set {WORKLOADS_ENV} to a folder of workload files before starting "
+                "the app (docs/workloads.md; e.g. examples/workloads)")
+    return missing_extra(name)
+
+
+def workload_choice(name: str) -> str:
+    """The custom workload picked from the configured folder ("" for other models)."""
+    if name != ModelName.CUSTOM.value or not WORKLOAD_FILES:
+        return ""
+    by_path = {w.path: w for w in WORKLOAD_FILES}
+    return st.selectbox("Workload", list(by_path), key="workload", help=field_doc("workload"),
+                        format_func=lambda path: f"{by_path[path].name}"
+                        + (f": {by_path[path].summary}" if by_path[path].summary else ""))
 
 
 def apply_prefill() -> str | None:
@@ -73,6 +114,8 @@ def apply_prefill() -> str | None:
             continue
         if field_name == "device" and value not in device_keys:
             value = "auto"  # e.g. a GPU this machine does not have
+        if field_name == "workload" and value not in {w.path for w in WORKLOAD_FILES}:
+            continue  # not offered here (another folder): the user picks one
         st.session_state[key] = float(value) if field_name in FLOAT_FIELDS else value
     return prefill["run_id"]
 
@@ -90,8 +133,14 @@ with left:
         else f"{k}: {by_key[k].name}", help=field_doc("device"))
     device = by_key[default_device if device_choice == "auto" else device_choice]
     model = st.selectbox("Model", choices(ModelName), key="model", help=field_doc("model"),
-                         index=choices(ModelName).index(DEFAULTS.model))
-    size = st.selectbox("Size", choices(ModelSize), key="size", help=field_doc("size"))
+                         index=choices(ModelName).index(DEFAULTS.model),
+                         format_func=model_choice_label)
+    model_problem = model_unavailable(model)
+    if model_problem:
+        st.error(f"**{model}** cannot run here: {plain(model_problem)}")
+    workload = workload_choice(model)
+    size = st.selectbox("Size", choices(ModelSize), key="size", help=field_doc("size"),
+                        disabled=model not in HOME_MADE_TASKS)
     support = {mode: mode_support(device, Precision(mode)) for mode in choices(Precision)}
     precision = st.selectbox(
         "Precision", choices(Precision), key="precision",
@@ -109,10 +158,10 @@ with right:
     optimizer = st.selectbox("Optimizer", choices(OptimizerName), key="optimizer")
     seed = st.number_input("Seed", *bounds("seed"), value=0, step=1, key="seed")
     seq_len, image_size, channels_last = DEFAULTS.seq_len, DEFAULTS.image_size, False
-    if model == ModelName.GPT.value:
+    if is_token_model(model) or model == ModelName.CUSTOM.value:
         seq_len = st.number_input("Sequence length (tokens)", *bounds("seq_len"),
                                   value=DEFAULTS.seq_len, step=8, key="seq_len")
-    if model == ModelName.RESNET.value:
+    if task_of(model) == IMAGE or model == ModelName.CUSTOM.value:
         image_size = st.number_input("Image size (px)", *bounds("image_size"),
                                      value=DEFAULTS.image_size, step=8, key="image_size")
         channels_last = st.checkbox("channels_last memory format", key="channels_last",
@@ -143,6 +192,31 @@ if single_process:
     sharding, comm_hook = Sharding.DDP.value, CommHook.NONE.value
     st.caption("Sharding and gradient communication apply to runs with 2 or more processes "
                "(torchrun; one per GPU, or gloo processes on a CPU).")
+
+with st.expander("Input pipeline"):
+    data = st.radio("Batches", choices(DataMode), key="data", horizontal=True,
+                    help=field_doc("data"))
+    num_workers, pin_memory, persistent_workers = 0, False, False
+    prefetch_factor = DEFAULTS.prefetch_factor
+    if data == DataMode.LOADER.value:
+        pipe_left, pipe_right = st.columns(2)
+        with pipe_left:
+            num_workers = st.number_input("DataLoader workers", *bounds("num_workers"), step=1,
+                                          value=0, key="num_workers",
+                                          help=field_doc("num_workers"))
+            prefetch_factor = st.number_input("Prefetch factor (batches per worker)",
+                                              *bounds("prefetch_factor"), step=1,
+                                              value=DEFAULTS.prefetch_factor,
+                                              key="prefetch_factor",
+                                              help=field_doc("prefetch_factor"))
+        with pipe_right:
+            pin_memory = st.checkbox("pin_memory", key="pin_memory",
+                                     help=field_doc("pin_memory"))
+            persistent_workers = st.checkbox("persistent_workers", key="persistent_workers",
+                                             help=field_doc("persistent_workers"))
+    else:
+        st.caption("Synthetic batches are made on the device: no input pipeline at all. "
+                   "Choose loader for real files through a DataLoader (stdlib text, JPEGs).")
 
 with st.expander("Loss scaling, logging and profiling"):
     loss_scaling = st.checkbox("Loss scaling (GradScaler) for fp16-amp", value=True,
@@ -201,7 +275,9 @@ def build_config(precision_value: str) -> RunConfig:
         log_interval=int(log_interval), warmup_steps=int(warmup_steps), profile=bool(profile),
         profile_steps=int(profile_steps), numerics=bool(numerics),
         memory_cap_mb=int(memory_cap_mb), name=name.strip(), nprocs=int(nprocs),
-        sharding=sharding, comm_hook=comm_hook)
+        sharding=sharding, comm_hook=comm_hook, workload=workload, data=data,
+        num_workers=int(num_workers), pin_memory=bool(pin_memory),
+        persistent_workers=bool(persistent_workers), prefetch_factor=int(prefetch_factor))
 
 
 def parallel_problem() -> ConfigError | None:
@@ -236,14 +312,15 @@ def launch_all(precisions: tuple[str, ...]) -> list[str]:
 col_launch, col_preset = st.columns(2)
 with col_launch:
     if st.button("Launch run", type="primary",
-                 disabled=chosen.status == UNSUPPORTED or parallel_error is not None,
+                 disabled=chosen.status == UNSUPPORTED or parallel_error is not None
+                 or model_problem is not None,
                  key="launch", width="stretch"):
         run_ids = launch_all((precision,))
         if run_ids:
             open_in_live(run_ids[0])
 with col_preset:
     preset_runnable = (all(support[p].status != UNSUPPORTED for p in COMPARISON_PRESET)
-                       and parallel_error is None)
+                       and parallel_error is None and model_problem is None)
     if st.button("Compare preset: fp32, fp16-amp, bf16-amp (queued in turn)",
                  key="preset", disabled=not preset_runnable, width="stretch",
                  help="Queues the same model and batch size at the three classic precisions; "
@@ -252,6 +329,24 @@ with col_preset:
         if run_ids:
             st.session_state["preset_run_ids"] = run_ids
             open_in_live(run_ids[0])
+workers_text = " / ".join(map(str, INPUT_PIPELINE_WORKERS))
+if st.button(f"Input pipeline what-if: DataLoader workers {workers_text} at {precision} "
+             "(queued in turn)", key="pipeline_preset", width="stretch",
+             disabled=chosen.status == UNSUPPORTED or parallel_error is not None
+             or model_problem is not None,
+             help="The same model and precision through the DataLoader with each worker count; "
+                  "Live shows how much of each step waits for data."):
+    try:
+        run_ids = launch_many(input_pipeline_configs(build_config(precision)), store)
+    except ConfigError as exc:
+        st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
+        run_ids = []
+    except StoreError as exc:
+        st.error(f"Not launched: {plain(exc)}")
+        run_ids = []
+    if run_ids:
+        st.session_state["preset_run_ids"] = run_ids
+        open_in_live(run_ids[0])
 
 with st.expander(f"Precision modes on {device.name}"):
     st.table([{"mode": m, "status": f"{MODE_ICONS[s.status]} {s.status}", "why": s.reason}
