@@ -9,6 +9,7 @@ import streamlit as st
 from engine.admission import check_parallel, max_procs_for
 from engine.architectures import HOME_MADE_TASKS, IMAGE, is_token_model, missing_extra, task_of
 from engine.config import (
+    MAX_SPEEDUP_MODES,
     PRECISION_LABELS,
     CommHook,
     ConfigError,
@@ -19,7 +20,6 @@ from engine.config import (
     Precision,
     RunConfig,
     Sharding,
-    bounds,
     choices,
     field_doc,
 )
@@ -35,6 +35,7 @@ from engine.workloads import WORKLOADS_ENV, discover_workloads, workloads_dir
 from pages.ui import (
     MODE_ICONS,
     PREFILL_KEY,
+    NumberInputs,
     cached_devices,
     ensure_app_shell,
     get_store,
@@ -125,6 +126,7 @@ if prefilled_from:
     st.info(f"Filled in from run `{prefilled_from}`: change anything, then launch.")
 default_device = next((d.key for d in devices if d.kind == "cuda" and d.torch_usable), "cpu")
 
+numbers = NumberInputs()  # out-of-range entries are named and disable the buttons below
 left, right = st.columns(2)
 with left:
     device_choice = st.selectbox(
@@ -145,25 +147,26 @@ with left:
     precision = st.selectbox(
         "Precision", choices(Precision), key="precision",
         index=choices(Precision).index(DEFAULTS.precision),
+        # The status in words too: the icon alone is an empty box without an emoji font.
         format_func=lambda m: f"{MODE_ICONS[support[m].status]} {PRECISION_LABELS[Precision(m)]}"
-        + (" (not on this device)" if support[m].status == UNSUPPORTED else ""))
-    batch_size = st.number_input("Batch size", *bounds("batch_size"), step=1,
-                                 value=DEFAULTS.batch_size, key="batch_size",
-                                 help=field_doc("batch_size"))
-    steps = st.number_input("Steps", *bounds("steps"), step=10,
-                            value=DEFAULTS.steps, key="steps", help=field_doc("steps"))
+        + (" (not on this device)" if support[m].status == UNSUPPORTED
+           else f" ({support[m].status})"))
+    batch_size = numbers.number("Batch size", "batch_size", step=1, value=DEFAULTS.batch_size,
+                                key="batch_size", help=field_doc("batch_size"))
+    steps = numbers.number("Steps", "steps", step=10, value=DEFAULTS.steps, key="steps",
+                           help=field_doc("steps"))
 with right:
-    lr = st.number_input("Learning rate", *bounds("lr"), value=DEFAULTS.lr,
-                         format="%.5f", step=1e-4, key="lr", help=field_doc("lr"))
+    lr = numbers.number("Learning rate", "lr", value=DEFAULTS.lr, format="%.5f", step=1e-4,
+                        key="lr", help=field_doc("lr"))
     optimizer = st.selectbox("Optimizer", choices(OptimizerName), key="optimizer")
-    seed = st.number_input("Seed", *bounds("seed"), value=0, step=1, key="seed")
+    seed = numbers.number("Seed", "seed", value=0, step=1, key="seed")
     seq_len, image_size, channels_last = DEFAULTS.seq_len, DEFAULTS.image_size, False
     if is_token_model(model) or model == ModelName.CUSTOM.value:
-        seq_len = st.number_input("Sequence length (tokens)", *bounds("seq_len"),
-                                  value=DEFAULTS.seq_len, step=8, key="seq_len")
+        seq_len = numbers.number("Sequence length (tokens)", "seq_len",
+                                 value=DEFAULTS.seq_len, step=8, key="seq_len")
     if task_of(model) == IMAGE or model == ModelName.CUSTOM.value:
-        image_size = st.number_input("Image size (px)", *bounds("image_size"),
-                                     value=DEFAULTS.image_size, step=8, key="image_size")
+        image_size = numbers.number("Image size (px)", "image_size",
+                                    value=DEFAULTS.image_size, step=8, key="image_size")
         channels_last = st.checkbox("channels_last memory format", key="channels_last",
                                     help=field_doc("channels_last"))
     compile_model = st.checkbox("torch.compile", key="compile", help=field_doc("compile"))
@@ -174,9 +177,9 @@ if st.session_state.get("nprocs", 1) > max_procs:  # e.g. after switching to a s
     st.session_state["nprocs"] = max_procs
 procs_col, sharding_col, hook_col = st.columns(3)
 with procs_col:
-    nprocs = st.number_input(
-        "Processes", min_value=1, max_value=max_procs, value=1, step=1, key="nprocs",
-        help=f"{field_doc('nprocs')} Up to {max_procs} on {device.name}.")
+    nprocs = numbers.number("Processes", "nprocs", high=max_procs, value=1, step=1,
+                            key="nprocs",
+                            help=f"{field_doc('nprocs')} Up to {max_procs} on {device.name}.")
 single_process = int(nprocs) == 1
 why_disabled = "Applies to runs with 2 or more processes." if single_process else ""
 with sharding_col:
@@ -201,14 +204,13 @@ with st.expander("Input pipeline"):
     if data == DataMode.LOADER.value:
         pipe_left, pipe_right = st.columns(2)
         with pipe_left:
-            num_workers = st.number_input("DataLoader workers", *bounds("num_workers"), step=1,
-                                          value=0, key="num_workers",
-                                          help=field_doc("num_workers"))
-            prefetch_factor = st.number_input("Prefetch factor (batches per worker)",
-                                              *bounds("prefetch_factor"), step=1,
-                                              value=DEFAULTS.prefetch_factor,
-                                              key="prefetch_factor",
-                                              help=field_doc("prefetch_factor"))
+            num_workers = numbers.number("DataLoader workers", "num_workers", step=1, value=0,
+                                         key="num_workers", help=field_doc("num_workers"))
+            prefetch_factor = numbers.number("Prefetch factor (batches per worker)",
+                                             "prefetch_factor", step=1,
+                                             value=DEFAULTS.prefetch_factor,
+                                             key="prefetch_factor",
+                                             help=field_doc("prefetch_factor"))
         with pipe_right:
             pin_memory = st.checkbox("pin_memory", key="pin_memory",
                                      help=field_doc("pin_memory"))
@@ -221,32 +223,39 @@ with st.expander("Input pipeline"):
 with st.expander("Loss scaling, logging and profiling"):
     loss_scaling = st.checkbox("Loss scaling (GradScaler) for fp16-amp", value=True,
                                key="loss_scaling", help=field_doc("loss_scaling"))
-    init_scale = st.number_input("GradScaler initial scale", min_value=1.0,
-                                 max_value=bounds("grad_scaler_init_scale")[1],
-                                 value=DEFAULTS.grad_scaler_init_scale, key="init_scale")
-    growth_interval = st.number_input("GradScaler growth interval (steps)",
-                                      *bounds("grad_scaler_growth_interval"),
-                                      value=DEFAULTS.grad_scaler_growth_interval, key="growth")
-    log_interval = st.number_input("Log every N steps", *bounds("log_interval"),
-                                   value=DEFAULTS.log_interval, key="log_interval",
-                                   help=field_doc("log_interval"))
-    warmup_steps = st.number_input("Warm-up steps (excluded from averages)",
-                                   *bounds("warmup_steps"),
-                                   value=DEFAULTS.warmup_steps, key="warmup_steps")
+    init_scale = numbers.number("GradScaler initial scale", "grad_scaler_init_scale", low=1.0,
+                                value=DEFAULTS.grad_scaler_init_scale, step=1024.0,
+                                key="init_scale")
+    growth_interval = numbers.number("GradScaler growth interval (steps)",
+                                     "grad_scaler_growth_interval", step=100,
+                                     value=DEFAULTS.grad_scaler_growth_interval, key="growth")
+    log_interval = numbers.number("Log every N steps", "log_interval", step=1,
+                                  value=DEFAULTS.log_interval, key="log_interval",
+                                  help=field_doc("log_interval"))
+    warmup_steps = numbers.number("Warm-up steps (excluded from averages)", "warmup_steps",
+                                  step=1, value=DEFAULTS.warmup_steps, key="warmup_steps")
     profile = st.checkbox("Profile a window of steps (kernel breakdown)", value=True,
                           key="profile", help=field_doc("profile"))
-    profile_steps = st.number_input("Profiler window (steps)", *bounds("profile_steps"),
-                                    value=DEFAULTS.profile_steps, key="profile_steps")
+    profile_steps = numbers.number("Profiler window (steps)", "profile_steps", step=1,
+                                   value=DEFAULTS.profile_steps, key="profile_steps")
     numerics = st.checkbox("Record numerics (gradient/activation ranges vs fp16/bf16)",
                            value=False, key="numerics", help=field_doc("numerics"))
-    memory_cap_mb = st.number_input("CPU memory cap (MiB, 0 = none)",
-                                    *bounds("memory_cap_mb"),
-                                    value=0, key="memory_cap_mb", help=field_doc("memory_cap_mb"))
+    memory_cap_mb = numbers.number("CPU memory cap (MiB, 0 = none)", "memory_cap_mb", step=256,
+                                   value=0, key="memory_cap_mb",
+                                   help=field_doc("memory_cap_mb"))
     name = st.text_input("Label (optional)", max_chars=80, key="name")
 
 chosen = support[precision]
+# What this device does with the mode comes first; fp8 tuning advice only after it (and,
+# where fp8 cannot run at all, as a note for the GPU it would run on).
+if chosen.status == UNSUPPORTED:
+    st.error(f"**{precision}** cannot run on {plain(device.name)}: {plain(chosen.reason)}")
+elif chosen.status != "native":
+    st.warning(f"**{precision}** on {plain(device.name)} is {chosen.status}: {plain(chosen.reason)}")
+else:
+    st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen.reason)}")
 if precision == Precision.FP8.value:
-    from engine.hardware.peaks import fp8_advice
+    from engine.hardware.peaks import fp8_advice  # the model's GEMM shapes import torch
 
     try:
         advice = fp8_advice(RunConfig(model=model, size=size, precision=precision,
@@ -254,14 +263,10 @@ if precision == Precision.FP8.value:
                                       image_size=int(image_size)))
     except ConfigError:
         advice = None
-    if advice:
+    if advice and chosen.status == UNSUPPORTED:
+        st.caption(f"On an fp8-capable GPU, fp8 may not pay here: {advice}")
+    elif advice:
         st.warning(f"fp8 may not pay here: {advice}")
-if chosen.status == UNSUPPORTED:
-    st.error(f"**{precision}** cannot run on {plain(device.name)}: {plain(chosen.reason)}")
-elif chosen.status != "native":
-    st.warning(f"**{precision}** on {plain(device.name)} is {chosen.status}: {plain(chosen.reason)}")
-else:
-    st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen.reason)}")
 
 
 def build_config(precision_value: str) -> RunConfig:
@@ -309,18 +314,21 @@ def launch_all(precisions: tuple[str, ...]) -> list[str]:
         return []
 
 
+if numbers.problems:
+    st.error("Not launchable until these are in range: " + "; ".join(numbers.problems))
+inputs_ok = not numbers.problems and model_problem is None
 col_launch, col_preset = st.columns(2)
 with col_launch:
     if st.button("Launch run", type="primary",
                  disabled=chosen.status == UNSUPPORTED or parallel_error is not None
-                 or model_problem is not None,
+                 or not inputs_ok,
                  key="launch", width="stretch"):
         run_ids = launch_all((precision,))
         if run_ids:
             open_in_live(run_ids[0])
 with col_preset:
     preset_runnable = (all(support[p].status != UNSUPPORTED for p in COMPARISON_PRESET)
-                       and parallel_error is None and model_problem is None)
+                       and parallel_error is None and inputs_ok)
     if st.button("Compare preset: fp32, fp16-amp, bf16-amp (queued in turn)",
                  key="preset", disabled=not preset_runnable, width="stretch",
                  help="Queues the same model and batch size at the three classic precisions; "
@@ -332,8 +340,7 @@ with col_preset:
 workers_text = " / ".join(map(str, INPUT_PIPELINE_WORKERS))
 if st.button(f"Input pipeline what-if: DataLoader workers {workers_text} at {precision} "
              "(queued in turn)", key="pipeline_preset", width="stretch",
-             disabled=chosen.status == UNSUPPORTED or parallel_error is not None
-             or model_problem is not None,
+             disabled=chosen.status == UNSUPPORTED or parallel_error is not None or not inputs_ok,
              help="The same model and precision through the DataLoader with each worker count; "
                   "Live shows how much of each step waits for data."):
     try:
@@ -347,6 +354,49 @@ if st.button(f"Input pipeline what-if: DataLoader workers {workers_text} at {pre
     if run_ids:
         st.session_state["preset_run_ids"] = run_ids
         open_in_live(run_ids[0])
+
+st.subheader("Speedup check")
+st.caption("What a precision buys on this machine, with its uncertainty: the modes run "
+           "interleaved in one process (short blocks in turn, same weights and batches), so "
+           "load that comes and goes hits them alike. Each speedup comes with a 95 % "
+           "interval; a difference is claimed only when the interval excludes 1.0. Uses the "
+           "model, size, batch and device above.")
+runnable_modes = [m for m in choices(Precision) if support[m].status != UNSUPPORTED]
+check_left, check_right = st.columns(2)
+with check_left:
+    check_modes = st.multiselect(
+        "Modes to compare (first = baseline)", runnable_modes, key="speedup_modes",
+        default=[m for m in ("fp32", "bf16-amp", "fp16-amp") if m in runnable_modes],
+        max_selections=MAX_SPEEDUP_MODES,
+        help=f"2 to {MAX_SPEEDUP_MODES} modes; modes this device cannot run are not offered.")
+with check_right:
+    check_budget_s = numbers.number("Time budget (s)", "speedup_budget_s", step=10.0,
+                                    value=DEFAULTS.speedup_budget_s, key="speedup_budget_s",
+                                    help=field_doc("speedup_budget_s"))
+    check_target_pct = numbers.number("Stop at interval half-width (%)", "speedup_target_pct",
+                                      step=0.5, value=DEFAULTS.speedup_target_pct,
+                                      key="speedup_target_pct",
+                                      help=field_doc("speedup_target_pct"))
+check_problem = ("Choose at least 2 modes." if len(check_modes) < 2 else
+                 "A speedup check runs in one process: set Processes to 1."
+                 if not single_process else None)
+if check_problem:
+    st.caption(check_problem)
+if st.button("Run speedup check", key="speedup_check", width="stretch",
+             disabled=check_problem is not None or not inputs_ok):
+    try:
+        check = build_config(check_modes[0]).replace(
+            speedup_modes=",".join(check_modes), speedup_budget_s=float(check_budget_s),
+            speedup_target_pct=float(check_target_pct), profile=False, numerics=False)
+        check_ids = launch_many([check], store)
+    except ConfigError as exc:
+        st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
+        check_ids = []
+    except StoreError as exc:
+        st.error(f"Not launched: {plain(exc)}")
+        check_ids = []
+    if check_ids:
+        open_in_live(check_ids[0])
 
 with st.expander(f"Precision modes on {device.name}"):
     st.table([{"mode": m, "status": f"{MODE_ICONS[s.status]} {s.status}", "why": s.reason}

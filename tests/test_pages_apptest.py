@@ -198,4 +198,6 @@ def test_fp8_is_refused_on_cpu_with_the_reason_and_the_size_advice(lab_home):
     at.selectbox(key="precision").set_value("fp8").run()
     assert at.button(key="launch").disabled
     assert any("sm89" in err.value for err in at.error)
-    assert any("fp8 may not pay here" in w.value for w in at.warning)
+    # The device's verdict first; the GEMM-size advice only as a note for a GPU, after it.
+    assert not any("fp8 may not pay here" in w.value for w in at.warning)
+    assert any("On an fp8-capable GPU, fp8 may not pay here" in c.value for c in at.caption)
