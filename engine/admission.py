@@ -37,15 +37,18 @@ def check_runnable(cfg: RunConfig) -> tuple[DeviceInfo, list[str]]:
     if problem:
         raise ConfigError("model", cfg.model, problem)
     dev = get_device(resolve_device_key(cfg.device))
-    support = mode_support(dev, cfg.precision_mode)
-    if support.status == UNSUPPORTED:
-        runnable = [m for m, s in dev.modes.items() if s.status != UNSUPPORTED]
-        raise ConfigError("precision", cfg.precision,
-                          f"not supported on {dev.name}: {support.reason} "
-                          f"(runnable here: {', '.join(runnable)})")
     warnings = []
-    if support.status == EMULATED:
-        warnings.append(f"{cfg.precision} on {dev.name} is emulated: {support.reason}")
+    # A speedup check trains every one of its modes: each must run here.
+    field = "speedup_modes" if cfg.is_speedup_check else "precision"
+    for mode in dict.fromkeys(cfg.speedup_mode_list or [cfg.precision]):
+        support = mode_support(dev, mode)
+        if support.status == UNSUPPORTED:
+            runnable = [m for m, s in dev.modes.items() if s.status != UNSUPPORTED]
+            raise ConfigError(field, mode,
+                              f"not supported on {dev.name}: {support.reason} "
+                              f"(runnable here: {', '.join(runnable)})")
+        if support.status == EMULATED:
+            warnings.append(f"{mode} on {dev.name} is emulated: {support.reason}")
     if cfg.unused_loader_options:
         warnings.append(f"{', '.join(cfg.unused_loader_options)} unused: DataLoader options "
                         "apply to data loader with workers (set data loader, num_workers >= 1)")

@@ -143,6 +143,9 @@ MAX_NPROCS = 64
 # A smaller address-space cap cannot even start the interpreter (exit 127), let alone load
 # PyTorch; caps from here up fail, if too small, with "too small to load PyTorch".
 MIN_MEMORY_CAP_MB = 256
+MAX_SPEEDUP_MODES = 4  # every mode holds its own model copy and optimizer in one process
+SPEEDUP_MODES_FIX = (f"2 to {MAX_SPEEDUP_MODES} comma-separated precision modes, the baseline "
+                     "first, e.g. fp32,bf16-amp")
 MAX_LOADER_WORKERS = 32  # each is a process holding a copy of the dataset object
 MAX_PREFETCH_FACTOR = 64
 MAX_WORKLOAD_CHARS = 1000
@@ -171,6 +174,8 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, str]] = {
     "lr": (0.0, 10.0, "a learning rate in (0, 10], e.g. 3e-3"),
     "weight_decay": (0.0, 1.0, "a weight decay in [0, 1]"),
     "grad_scaler_init_scale": (0.0, 2.0**32, "a positive initial loss scale, e.g. 65536"),
+    "speedup_budget_s": (5.0, 3600.0, "a time budget of 5..3600 s, e.g. 120"),
+    "speedup_target_pct": (0.5, 50.0, "an interval half-width target of 0.5..50 %, e.g. 3"),
 }
 OPEN_LOW_BOUNDS = frozenset({"lr", "grad_scaler_init_scale"})  # the lowest value itself is refused
 
@@ -269,6 +274,15 @@ class RunConfig:
     """Length of the profiler window in steps."""
     memory_cap_mb: int = 0
     """CPU runs: address-space cap for the training process in MiB (0 = none)."""
+    speedup_modes: str = ""
+    """A paired speedup check instead of a training run: 2-4 comma-separated precision
+    modes (the first is the baseline and equals `precision`), measured interleaved in one
+    process (engine.training.speedup). Empty: a normal run."""
+    speedup_budget_s: float = 120.0
+    """Speedup check: time budget for the timed rounds in seconds."""
+    speedup_target_pct: float = 3.0
+    """Speedup check: stop early once every 95 % interval is within this many % of its
+    speedup."""
     name: str = ""
     """Optional label shown in the UI."""
 
@@ -292,6 +306,7 @@ class RunConfig:
             raise ConfigError("name", self.name,
                               "up to 80 letters, digits, spaces and . , : + ( ) - _")
         self._check_multi_process()
+        self._check_speedup()
         self._check_workload()
         self._check_architecture_inputs()
 
@@ -322,6 +337,35 @@ class RunConfig:
             raise ConfigError("seq_len", self.seq_len,
                               f"{arch.name} has positions for {arch.max_seq_len} tokens; use "
                               f"seq_len <= {arch.max_seq_len}")
+
+    def _check_speedup(self) -> None:
+        if not isinstance(self.speedup_modes, str):
+            raise ConfigError("speedup_modes", self.speedup_modes, SPEEDUP_MODES_FIX)
+        if not self.speedup_modes:
+            return
+        modes = self.speedup_mode_list
+        unknown = [mode for mode in modes if mode not in choices(Precision)]
+        if unknown:
+            raise ConfigError("speedup_modes", unknown[0],
+                              f"unknown precision; choose from {', '.join(choices(Precision))}")
+        if not 2 <= len(modes) <= MAX_SPEEDUP_MODES:
+            raise ConfigError("speedup_modes", self.speedup_modes, SPEEDUP_MODES_FIX)
+        if modes[0] != self.precision:
+            raise ConfigError("precision", self.precision,
+                              f"a speedup check's precision is its baseline, the first of "
+                              f"speedup_modes; set precision to {modes[0]}")
+        if self.nprocs != 1:
+            raise ConfigError("nprocs", self.nprocs,
+                              "a speedup check runs its modes in one process; set nprocs to 1")
+
+    @property
+    def speedup_mode_list(self) -> list[str]:
+        """speedup_modes as a list (empty for a normal run)."""
+        return [mode.strip() for mode in self.speedup_modes.split(",") if mode.strip()]
+
+    @property
+    def is_speedup_check(self) -> bool:
+        return bool(self.speedup_modes)
 
     def _check_multi_process(self) -> None:
         """Combinations that cannot mean anything, whatever the machine (its limits are
@@ -376,6 +420,9 @@ class RunConfig:
     def label(self) -> str:
         procs = f" x{self.nprocs} procs" if self.nprocs > 1 else ""
         data = f" workers{self.num_workers}" if self.data == DataMode.LOADER.value else ""
+        if self.is_speedup_check and not self.name:
+            return (f"speedup check {self.model_label} bs{self.batch_size}: "
+                    f"{' vs '.join(self.speedup_mode_list)}")
         return self.name or (f"{self.model_label} {self.precision} bs{self.batch_size}"
                              f"{procs}{data}")
 

@@ -35,6 +35,7 @@ METRIC_COLUMNS = (
     "step", "wall_time_s", "loss", "lr", "step_time_ms", "samples_per_s", "tokens_per_s",
     "mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "rss_bytes",
     "loss_scale", "skipped_steps", "grad_norm", "achieved_tflops", "mfu", "phase",
+    "host_busy",
     # per step, mean over the logged interval: waiting for the next batch (the input
     # pipeline), and its host-to-device copy (NULL where there is none: synthetic, CPU)
     "data_wait_ms", "h2d_copy_ms",
@@ -42,14 +43,19 @@ METRIC_COLUMNS = (
 TELEMETRY_COLUMNS = (
     "t_s", "gpu_util_pct", "mem_util_pct", "gpu_mem_used_bytes", "power_w", "power_limit_w",
     "temp_c", "sm_clock_mhz", "throttle_reasons", "cpu_pct", "rss_bytes",
+    "load_per_core", "others_cpu_cores", "steal_pct", "gpu_other_procs", "sm_clock_max_mhz",
 )
 # The unit of each metric column whose name does not carry one (exports write "loss [nats]").
 METRIC_UNITS = {
     "step": "optimizer step", "loss": "nats (cross-entropy)", "lr": "learning rate",
     "mfu": "fraction of peak", "loss_scale": "GradScaler scale", "skipped_steps": "count",
     "grad_norm": "L2 norm", "phase": "warmup|steady|profile|numerics",
+    "host_busy": "1 = measured while other work competed for the machine",
 }
-TELEMETRY_UNITS = {"throttle_reasons": "NVML clock event reasons", "rank": "process rank"}
+TELEMETRY_UNITS = {"throttle_reasons": "NVML clock event reasons", "rank": "process rank",
+                   "load_per_core": "1-min load average / logical cores",
+                   "others_cpu_cores": "cores' worth of CPU used by other processes",
+                   "gpu_other_procs": "other processes on this GPU"}
 KERNEL_COLUMNS = (
     "name", "category", "tensor_core", "dtype", "reason", "total_us", "count", "cpu_op",
 )
@@ -103,7 +109,11 @@ class RunSummary(TypedDict, total=False):
     steps_completed: int
     first_loss: float | None
     final_loss: float | None
-    samples_per_s: float | None  # steady-state steps only, all ranks together
+    # steady-state median of the logged steps (run.finalize), all ranks together; the
+    # training loop's time-weighted mean over the same steps is samples_per_s_mean
+    samples_per_s: float | None
+    samples_per_s_mean: float | None
+    throughput_basis: str
     tokens_per_s: float | None
     step_time_ms: float | None
     peak_mem_bytes: int | None
@@ -137,6 +147,10 @@ class RunSummary(TypedDict, total=False):
     profile_error: str
     # multi-process runs (run.session, rank 0)
     parallel: dict[str, Any]
+    # the busy-machine guard over the steady steps (run.session, analysis.contention.assess)
+    contention: dict[str, Any]
+    # a paired speedup check (run.session.run_speedup_session; training.speedup)
+    speedup: dict[str, Any]
     # run end (run.finalize.finalize_run_data): steady medians and loss tail for Compare
     compare_stats: dict[str, Any]
     # "find the largest batch that fits" (CLI maxbatch --run-id, Live page)

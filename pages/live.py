@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.cpu_evidence import verdict_tone
-from engine.analysis.live import data_wait_share, eta_s, live_headline, no_progress_s
+from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
 from engine.cluster.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.batch_search import (
@@ -25,6 +25,7 @@ from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
 from engine.store.downsample import downsample_minmax
 from pages import charts
+from pages.speedup_view import draw_speedup
 from pages.ui import (
     LIVE_RUN_KEY,
     PREFILL_KEY,
@@ -71,8 +72,10 @@ st.query_params["run"] = selected  # shareable URL for this run
 
 run = store.get_run(selected)
 cfg = run.config
-st.caption(f"{cfg.model}-{cfg.size} · {cfg.precision} · batch {cfg.batch_size} · "
-           f"{cfg.steps} steps · lr {cfg.lr:g} · {cfg.optimizer} · device {plain(run.device_key)} "
+what = (f"speedup check: {' vs '.join(cfg.speedup_mode_list)} (baseline first), budget "
+        f"{cfg.speedup_budget_s:g} s" if cfg.is_speedup_check
+        else f"{cfg.precision} · {cfg.steps} steps")
+st.caption(f"{plain(cfg.model_label)} · {what} · batch {cfg.batch_size} · lr {cfg.lr:g} · {cfg.optimizer} · device {plain(run.device_key)} "
            f"({plain(run.device_name or 'unknown')}) · seed {cfg.seed}"
            + (f" · {cfg.nprocs} processes ({cfg.sharding}, comm hook {cfg.comm_hook})"
               if cfg.nprocs > 1 else ""))
@@ -157,13 +160,20 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     cols = st.columns(5)
     cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
-    cols[1].metric(f"Throughput ({head.throughput_unit})", fmt_num(head.throughput, 5),
-                   help="Median over steady-state steps (warm-up and profiler window excluded)")
-    cols[2].metric("Step time", fmt_num(head.step_time_ms, 4, " ms"))
+    cols[1].metric(f"Throughput, steady median ({head.throughput_unit})",
+                   fmt_num(head.throughput, 5),
+                   help="Median over steady-state steps (warm-up and profiler window "
+                        "excluded): the same figure as on Runs, Compare, the report and the CLI")
+    cols[2].metric("Step time, steady median", fmt_num(head.step_time_ms, 4, " ms"))
+    busy = busy_words(summary, frame)
+    if busy:
+        st.warning(busy)
     cols[3].metric("Peak memory", fmt_bytes(head.peak_mem_bytes),
                    help="CUDA: peak allocated. CPU: peak resident set size of the process")
-    if head.mfu:
-        cols[4].metric("MFU", f"{100 * head.mfu:.2f} %",
+    # The tile is chosen by whether a peak is known (fixed before the first step), not by
+    # whether a value has arrived yet, so it does not flip between the two while running.
+    if summary.get("peak_flops"):
+        cols[4].metric("MFU", f"{100 * head.mfu:.2f} %" if head.mfu else "n/a",
                        help=f"Against the {summary.get('peak_source', 'device')} peak for this "
                             f"precision. {summary.get('mfu_note') or ''}")
     else:
@@ -211,8 +221,12 @@ def matrix_unit_badge(run) -> None:
 
 def charts_block(run, frame: pd.DataFrame) -> None:
     if frame.empty:
-        st.info("Waiting for the first logged step" +
-                (" (the run is queued)." if run.status == "queued" else "..."))
+        if not run.is_active:  # an ended run will never log one: say why it has none
+            st.info(f"No step was logged: the run ended ({run.status}) before its first "
+                    "logged step. The reason is above; the worker log below has the details.")
+        else:
+            st.info("Waiting for the first logged step" +
+                    (" (the run is queued)." if run.status == "queued" else "..."))
         return
     is_cuda = run.device_key.startswith("cuda")
     rate_col = throughput_column(run.config.model)
@@ -278,14 +292,20 @@ def live_panel(run_id: str, status_at_load: str) -> None:
     except RunNotFound:
         st.warning("This run no longer exists.")
         return
-    frame = metrics_frame(run_id)
     status_block(current)
-    progress_block(current, frame)
-    headline_metrics(current, frame)
-    data_wait_line(current, frame)
-    matrix_unit_badge(current)
-    charts_block(current, frame)
-    telemetry_block(current)
+    if current.config.is_speedup_check:
+        # A speedup check logs no training steps: its rounds are the progress.
+        draw_speedup(current.summary.get("speedup") or {}, key="live_speedup",
+                     active=current.is_active)
+        telemetry_block(current)
+    else:
+        frame = metrics_frame(run_id)
+        progress_block(current, frame)
+        headline_metrics(current, frame)
+        data_wait_line(current, frame)
+        matrix_unit_badge(current)
+        charts_block(current, frame)
+        telemetry_block(current)
     if current.status != status_at_load:
         # queued -> running -> ended: redraw the whole page once (labels, stop button),
         # and without the refresh timer once the run has ended.

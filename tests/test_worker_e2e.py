@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -243,7 +244,28 @@ def test_out_of_memory_is_an_oom_status_naming_the_batch_size(ended_runs):
     _store, run = ended(ended_runs, "oom")
     assert run.status == OOM, (run.status, run.reason)
     assert "out of memory at batch size 4096" in run.reason
+    assert "this run's memory cap was 1500 MiB (memory_cap_mb)" in run.reason
     assert run.summary["oom_batch_size"] == 4096 and run.summary["oom_mem_bytes"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_live_page_of_an_oom_run_says_it_ended_instead_of_waiting(ended_runs, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    store, run = ended(ended_runs, "oom")
+    assert run.status == OOM
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(store.home))
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"),
+                           default_timeout=60)
+    at.query_params["run"] = run.id
+    at.run()
+    at.switch_page("pages/live.py").run()
+    assert not at.exception, at.exception
+    infos = [i.value for i in at.info]
+    assert not any("Waiting for the first logged step" in i for i in infos), infos
+    if store.last_metric(run.id) is None:
+        assert any("No step was logged: the run ended (oom)" in i for i in infos), infos
+    assert any("memory cap was 1500 MiB" in e.value.replace("\\", "") for e in at.error)
 
 
 @pytest.mark.timeout(300)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.analysis.contention import BUSY_SHARE, UNRELIABLE
 from engine.schema import STEADY, throughput_column, throughput_unit
 
 
@@ -99,3 +100,18 @@ def no_progress_s(store, run, now: float | None = None) -> float | None:
     last_s = run.started_at + (float(wall_s) if isinstance(wall_s, (int, float)) else 0.0)
     idle_s = (now if now is not None else time.time()) - last_s
     return idle_s if idle_s > STALL_AFTER_S else None
+
+
+def busy_words(summary: dict[str, Any], frame: pd.DataFrame) -> str | None:
+    """The busy-machine warning for a run, or None: the stored verdict of an ended run,
+    else the share of its steady steps logged so far while the machine was busy."""
+    contention = summary.get("contention")
+    if contention:
+        return contention.get("words") if contention.get("busy") else None
+    if "host_busy" not in frame or "phase" not in frame:
+        return None
+    marks = pd.to_numeric(frame.loc[frame["phase"] == STEADY, "host_busy"], errors="coerce").dropna()
+    if not len(marks) or marks.mean() < BUSY_SHARE:
+        return None
+    return (f"measured while the machine was busy (other work competed for it during "
+            f"{100 * marks.mean():.0f} % of the steady steps so far): {UNRELIABLE}")

@@ -141,3 +141,41 @@ def comparison_figures(frames: Mapping[str, pd.DataFrame], names: Mapping[str, s
 
 # ---------------------------------------------------------------------------------------
 # the HTML document
+
+
+def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -> go.Figure:
+    """A paired speedup check as a forest plot: one row per mode, the speedup as a point,
+    its 95 % interval as a bar, a line at 1.0 (no difference). Modes whose interval
+    includes 1.0 are grey and labelled "n.s."; a busy machine is said in the title."""
+    rows = [row for row in result.get("modes", []) if row.get("mode") != result.get("baseline")]
+    busy = bool((result.get("contention") or {}).get("busy"))
+    head = title or f"Speedup vs {result.get('baseline')} (95 % interval)"
+    if busy:
+        head += " - machine busy: unreliable"
+    fig = go.Figure()
+    fig.add_vline(x=1.0, line_dash="dash", line_color="#555")
+    for index, row in enumerate(rows):
+        if row.get("speedup") is None:
+            continue
+        low, high = row.get("ci_low"), row.get("ci_high")
+        significant = bool(row.get("significant")) and not busy
+        color = _color(index) if significant else "#999999"
+        label = f"{row['speedup']:.2f}x" + ("" if significant else " n.s.")
+        error = ({"type": "data", "symmetric": False, "array": [high - row["speedup"]],
+                  "arrayminus": [row["speedup"] - low], "thickness": 3, "width": 8,
+                  "color": color} if low is not None and high is not None else None)
+        fig.add_trace(go.Scatter(
+            x=[row["speedup"]], y=[html.escape(str(row["mode"]))], mode="markers+text",
+            marker={"size": 12, "color": color}, error_x=error, text=[label],
+            textposition="top center", name=html.escape(str(row["mode"])),
+            hovertemplate=(f"{html.escape(str(row['mode']))}: %{{x:.3f}}x"
+                           + (f" (95 % CI {low:.3f}-{high:.3f})" if low is not None else "")
+                           + "<extra></extra>")))
+    fig.update_layout(title={"text": html.escape(head), "x": 0, "xanchor": "left"},
+                      xaxis_title=f"speedup vs {html.escape(str(result.get('baseline')))} "
+                                  "(> 1: faster)",
+                      showlegend=False, height=140 + 60 * max(1, len(rows)),
+                      margin={"l": 110, "r": 30, "t": 60, "b": 50}, template="plotly_white")
+    fig.update_yaxes(automargin=True)
+    fig.update_xaxes(automargin=True)
+    return fig

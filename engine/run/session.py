@@ -342,8 +342,11 @@ def _record_oom(spec: SessionSpec, exc: BaseException) -> str:
     if spec.lead:
         spec.sink.merge_summary(spec.run_id, {"oom_batch_size": batch_size, "oom_mem_bytes": used})
     where = f", on {spec.where}" if spec.where else ""
+    cap_mb = spec.cfg.memory_cap_mb
+    cap = (f"; this run's memory cap was {cap_mb} MiB (memory_cap_mb): raise it, or lower "
+           "the batch size" if cap_mb and not spec.device_key.startswith("cuda") else "")
     return (f"out of memory at batch size {batch_size} (memory in use at failure: "
-            f"{used / 2**30:.2f} GiB{where}): {first_line}")
+            f"{used / 2**30:.2f} GiB{where}){cap}: {first_line}")
 
 
 # ---------------------------------------------------------------------------------------

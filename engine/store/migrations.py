@@ -167,12 +167,21 @@ def _add_run_annotations(conn: sqlite3.Connection) -> None:
 # Series columns added after the first schema: (table, column, declaration). Older
 # databases gain them on open; their old rows read NULL (unknown).
 SERIES_ADDED_COLUMNS = (
+    # Steps measured while other work competed for the machine (engine.analysis.contention).
+    ("metrics", "host_busy", "INTEGER"),
+    ("metrics_overview", "host_busy", "INTEGER"),
     # The input pipeline per step (engine.training.loop): waiting for the next batch and
     # its host-to-device copy.
     ("metrics", "data_wait_ms", "REAL"),
     ("metrics_overview", "data_wait_ms", "REAL"),
     ("metrics", "h2d_copy_ms", "REAL"),
     ("metrics_overview", "h2d_copy_ms", "REAL"),
+    # Host and GPU contention (engine.hardware.contention, engine.hardware.telemetry).
+    ("telemetry", "load_per_core", "REAL"),
+    ("telemetry", "others_cpu_cores", "REAL"),
+    ("telemetry", "steal_pct", "REAL"),
+    ("telemetry", "gpu_other_procs", "INTEGER"),
+    ("telemetry", "sm_clock_max_mhz", "REAL"),
 )
 
 

@@ -560,6 +560,7 @@ def _metric_row(cfg, trainer, step, phase, loss_value, grad_norm, step_time_ms, 
         "achieved_tflops": achieved_flops / 1e12 if achieved_flops else None,
         "mfu": plausible_mfu(achieved_flops, peak_flops),
         "phase": phase,
+        "host_busy": None,  # the session marks it from the contention sampler
     }
     row.update(memory_snapshot(device))
     return row
