@@ -215,7 +215,7 @@ st.dataframe(
     })
 
 st.subheader("Findings")
-statements = findings(table, {r.id: r for r in runs})
+statements = findings(table, {r.id: r for r in runs}, run_dir=store.run_dir)
 st.markdown("\n".join(f"- {plain(s)}" for s in statements) or "No numbers to compare yet.")
 
 st.subheader("Config differences")

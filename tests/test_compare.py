@@ -285,3 +285,22 @@ def test_multi_process_runs_are_named_by_their_communication_and_flagged_by_proc
     # Same process count, different gradient communication: a comparison, no caution.
     notes = findings(summary_table(store, [plain, hooked]), runs[1:3])
     assert not any(n.startswith("Caution") for n in notes), notes
+
+
+@pytest.mark.slow
+def test_numerics_demo_findings_speak_of_underflow_not_speed(store):
+    """Runs that sample numerics (the demo: fp16 without loss scaling vs fp16-amp):
+    the findings are about zero gradients with and without the scale, never a speedup."""
+    no_scale = record_run(store, tiny_config("fp16-amp", loss_scaling=False, numerics=True,
+                                             steps=12, name="fp16 no scaling"))
+    scaled = record_run(store, tiny_config("fp16-amp", numerics=True, steps=12,
+                                           name="fp16-amp"))
+    table = summary_table(store, [no_scale, scaled])
+    runs = [store.get_run(no_scale), store.get_run(scaled)]
+    text = findings(table, runs, run_dir=store.run_dir)
+    assert text[0].startswith("fp16 no scaling: at step ")
+    assert "of activation gradients were exactly zero" in text[0]
+    assert "with the loss scale 65536" in text[1]
+    assert text[-1].startswith("Speed is not compared here")
+    joined = " ".join(text)
+    assert "faster" not in joined and "slower" not in joined

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from engine.analysis.numerics import numerics_findings
 from engine.analysis.speedup import BOOTSTRAP_SEED, CONFIDENCE, MIN_ROUNDS
 from engine.config import Precision, RunConfig
 from engine.schema import FINISHED, STEADY, WARMUP, throughput_column, throughput_unit
@@ -507,8 +508,8 @@ def _as_text(value: Any) -> str:
 # findings
 
 
-def findings(table: pd.DataFrame, runs: Mapping[str, RunRecord] | Iterable[RunRecord]
-             ) -> list[str]:
+def findings(table: pd.DataFrame, runs: Mapping[str, RunRecord] | Iterable[RunRecord],
+             run_dir=None) -> list[str]:
     """Plain-language statements, each backed by a number in `table`.
 
     Nothing is claimed that the table does not show: slower runs are called slower,
@@ -521,12 +522,20 @@ def findings(table: pd.DataFrame, runs: Mapping[str, RunRecord] | Iterable[RunRe
     rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
             for r in table.to_dict("records")]
     base = next((r for r in rows if r["is_baseline"]), rows[0])
+    underflow = numerics_findings([runs[r["run_id"]] for r in rows if r["run_id"] in runs],
+                                  run_dir) if run_dir is not None else []
+    if underflow and all(runs[r["run_id"]].config.numerics for r in rows if r["run_id"] in runs):
+        # The numerics demo: its point is underflow with and without the loss scale. Its
+        # runs do the same matmuls at sampled, deliberately slowed steps: no speed claims.
+        return underflow + ["Speed is not compared here: these runs sample gradient "
+                            "numerics, and their point is underflow. For what a precision "
+                            "buys in speed, run a Speedup check (Launch page)."]
     statements = _comparability_notes(rows, runs)
     statements.append(_baseline_sentence(base, runs.get(base["run_id"])))
     for row in rows:
         if row["run_id"] != base["run_id"]:
             statements.append(_run_sentence(row, base, runs.get(row["run_id"])))
-    statements += _closing_notes(rows, runs)
+    statements += _closing_notes(rows, runs) + underflow
     return [s for s in statements if s]
 
 

@@ -73,3 +73,60 @@ def fractions_rows(records: list[dict[str, Any]], step: int) -> list[dict[str, A
 
 def _pct(fraction: float | None) -> float | None:
     return None if fraction is None or not math.isfinite(fraction) else 100.0 * fraction
+
+
+def _weighted(records: list[dict[str, Any]], key: str) -> float | None:
+    """Share of all values (numel-weighted over layers) for one fraction field."""
+    pairs = [(r.get(key), r.get("numel") or 0) for r in records]
+    pairs = [(f, n) for f, n in pairs if f is not None and math.isfinite(f) and n]
+    total = sum(n for _f, n in pairs)
+    return sum(f * n for f, n in pairs) / total if total else None
+
+
+def underflow_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Activation gradients at the last sampled step: exact zeros, and what would
+    underflow in fp16 without and with the run's loss scale (shares of all values)."""
+    steps = sampled_steps(records)
+    if not steps:
+        return None
+    step = steps[-1]
+    grads = [r for r in records if r["step"] == step and r["kind"] == "output_grad"]
+    if not grads:
+        return None
+    return {"step": step, "zero": _weighted(grads, "zero_frac"),
+            "underflow_fp16": _weighted(grads, "underflow_frac_fp16"),
+            "underflow_fp16_scaled": _weighted(grads, "underflow_frac_fp16_scaled"),
+            "loss_scale": max((r.get("loss_scale") or 1.0) for r in grads)}
+
+
+def underflow_sentence(name: str, summary: dict[str, Any]) -> str:
+    """The numerics demo's point in one line per run: zero gradients, with and without
+    the loss scale."""
+    parts = [f"{name}: at step {summary['step']}"]
+    if summary["zero"] is not None:
+        parts.append(f"{summary['zero']:.1%} of activation gradients were exactly zero")
+    if summary["underflow_fp16"] is not None:
+        text = f"{summary['underflow_fp16']:.1%} would underflow to 0 in fp16 unscaled"
+        if summary["loss_scale"] and summary["loss_scale"] != 1.0 \
+                and summary["underflow_fp16_scaled"] is not None:
+            text += (f", {summary['underflow_fp16_scaled']:.1%} with the loss scale "
+                     f"{summary['loss_scale']:g}")
+        parts.append(text)
+    return ", ".join(parts[:1] + [", ".join(parts[1:])]) + "."
+
+
+def numerics_findings(runs: list, run_dir) -> list[str]:
+    """One underflow sentence per run that recorded numerics (`run_dir(run_id)` gives the
+    run's directory); [] when none did."""
+    statements = []
+    for run in runs:
+        path = numerics_path(run_dir(run.id))
+        if not run.config.numerics or not path.exists():
+            continue
+        try:
+            summary = underflow_summary(load(path))
+        except ValueError:
+            continue
+        if summary:
+            statements.append(underflow_sentence(run.config.label, summary))
+    return statements

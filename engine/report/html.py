@@ -114,7 +114,7 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
     return [
         _section("Runs", _runs_table(runs, names)),
         _section("Devices", _devices_table(runs)),
-        _section("Findings", _findings_list(findings(table, runs))),
+        _section("Findings", _findings_list(findings(table, runs, run_dir=store.run_dir))),
         _section("Summary (steady-state steps; ratios against the baseline)",
                  _summary_html(table)),
         _section("Charts", "\n".join(_figure_div(fig) for fig in figures.values())),
