@@ -192,10 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = _launch_checked(cfg, store)
     print(f"run {run_id}: {cfg.label}", file=sys.stderr)
     try:
-        run = _follow(run_id, store)
+        _follow(run_id, store)
     except KeyboardInterrupt:
         print(f"\nstopping run {run_id} ...", file=sys.stderr)
-        run = stop(run_id, store)
+        stop(run_id, store)
     summary = run_summary(run_id, store)
     if args.json:
         print(json.dumps(summary))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import time
