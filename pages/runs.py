@@ -96,7 +96,10 @@ event = st.dataframe(
         "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
         "label": st.column_config.TextColumn("label", width="large",
                                              help="The run's label (full text on hover)"),
-        "throughput": st.column_config.NumberColumn(format="%.1f"),
+        "throughput": st.column_config.NumberColumn(
+            "throughput (steady median)", format="%.1f",
+            help="Median over steady-state steps: the same figure as on Live, Compare, the "
+                 "report and the CLI"),
         "peak_mem_gib": st.column_config.NumberColumn("peak mem (GiB)", format="%.3f"),
         "final_loss": st.column_config.NumberColumn(format="%.4f"),
         "mfu_pct": st.column_config.NumberColumn("MFU (%)", format="%.1f"),

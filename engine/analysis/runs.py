@@ -107,7 +107,9 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     peak = s.get("peak_mem_bytes")
     return {
         "run_id": run.id, "status": run.status,
-        "model": f"{cfg.model}-{cfg.size}", "precision": str(cfg.precision),
+        "model": cfg.model_label,
+        "precision": (f"speedup check: {', '.join(cfg.speedup_mode_list)}"
+                      if cfg.is_speedup_check else str(cfg.precision)),
         "steps": f"{run.steps_completed}/{run.total_steps}", "tags": tags_text(run.tags),
         "note": run.note, "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
         "duration_s": _finite(run.duration_s), "batch_size": cfg.batch_size, "label": cfg.label,
