@@ -6,6 +6,8 @@ seen; it stops refreshing once the run has ended.
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -286,7 +288,23 @@ def telemetry_block(run) -> None:
                    "throttling) applies to CUDA runs only.")
 
 
-def live_panel(run_id: str, status_at_load: str) -> None:
+FIRST_ROW_REFRESH_S = 0.25  # while a just-launched run has logged no step yet
+FIRST_ROW_WINDOW_S = 30.0  # ... for at most this long after it was created
+
+
+def refresh_interval_s(run) -> float | None:
+    """How often the panel redraws: every second, not at all once the run has ended, and
+    4x a second while a run launched moments ago waits for its first logged step, so
+    that step is on screen as soon as it is stored instead of up to a second later."""
+    if not run.is_active:
+        return None
+    if run.steps_completed == 0 and time.time() - run.created_at < FIRST_ROW_WINDOW_S:
+        return FIRST_ROW_REFRESH_S
+    return REFRESH_S
+
+
+def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None = REFRESH_S
+               ) -> None:
     try:
         current = store.get_run(run_id)
     except RunNotFound:
@@ -306,13 +324,18 @@ def live_panel(run_id: str, status_at_load: str) -> None:
         matrix_unit_badge(current)
         charts_block(current, frame)
         telemetry_block(current)
-    if current.status != status_at_load:
+    interval_s = refresh_interval_s(current)
+    if interval_s != refresh_at_load or (current.status != status_at_load
+                                         and interval_s != FIRST_ROW_REFRESH_S):
         # queued -> running -> ended: redraw the whole page once (labels, stop button),
-        # and without the refresh timer once the run has ended.
+        # and without the refresh timer once the run has ended. While the first step is
+        # awaited that redraw waits until it is on screen: a whole-page rerun first
+        # would hold the first point back by the rerun's time.
         st.rerun()
 
 
-st.fragment(run_every=REFRESH_S if run.is_active else None)(live_panel)(run.id, run.status)
+refresh_s = refresh_interval_s(run)
+st.fragment(run_every=refresh_s)(live_panel)(run.id, run.status, refresh_s)
 
 SEARCH_REFRESH_S = 1.0
 

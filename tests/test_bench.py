@@ -114,3 +114,22 @@ def test_ui_reports_render_times_of_every_page(tmp_path):
     for name, ms in result["render_ms"].items():
         assert_finite(ms, name)
         assert ms > 0
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_first_point_browser_reports_click_to_visible_beside_the_store():
+    from browser_support import require_browser
+
+    require_browser()  # skipped (or failed where CI demands it) without Chromium
+    result = run_bench("bench.first_point_browser", timeout=280.0)
+    assert_common(result, "first_point_browser")
+    assert result["target"] == 2.0 and result["target_op"] == "<"
+    for key in ("click_to_visible_s", "click_to_store_s"):
+        assert_finite(result[key], key)
+        assert result[key] > 0
+    # The point is drawn from a stored row: never before the store had it.
+    assert result["click_to_visible_s"] >= result["click_to_store_s"]
+    for key in ("click_to_store_s", "click_to_visible_s", "store_to_visible_s"):
+        assert_spread(result["results"][key], key)
+    assert result["launches"][0]["run_id"]
