@@ -145,6 +145,7 @@ class RunSummary(TypedDict, total=False):
     kernels: dict[str, Any]
     cpu_evidence: dict[str, Any]
     profile_error: str
+    explain: dict[str, Any]  # the window's banner, bound-by verdict and time parts (run.window)
     # multi-process runs (run.session, rank 0)
     parallel: dict[str, Any]
     # the busy-machine guard over the steady steps (run.session, analysis.contention.assess)

@@ -21,6 +21,7 @@ from engine.analysis.compare import (
     steady_medians,
     summary_table,
 )
+from engine.analysis.explain import explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
@@ -217,6 +218,41 @@ st.dataframe(
 st.subheader("Findings")
 statements = findings(table, {r.id: r for r in runs}, run_dir=store.run_dir)
 st.markdown("\n".join(f"- {plain(s)}" for s in statements) or "No numbers to compare yet.")
+
+st.subheader("Why one run is faster than another")
+st.caption("From the runs' profiler windows: each run's step split the same way (matrix, "
+           "attention, elementwise, normalisation, copies, communication, optimizer, idle), "
+           "each part's time against the baseline's, so the total is explained part by part.")
+
+
+@st.cache_data(max_entries=64, show_spinner="Reading the profiler traces...")
+def _diff(home: str, base_id: str, run_id: str, base_ended: float | None,
+          run_ended: float | None) -> dict | None:
+    """Cached per pair of ended runs (`home` and the end times are part of the key)."""
+    return explain_runs(get_store(), get_store().get_run(base_id), get_store().get_run(run_id))
+
+
+base_run = next(r for r in runs if r.id == baseline)
+compared_any = False
+for other in (r for r in runs if r.id != baseline):
+    diff = _diff(str(store.home), base_run.id, other.id, base_run.ended_at, other.ended_at)
+    if diff is None:
+        continue
+    compared_any = True
+    if diff.get("error"):
+        st.caption(f"{plain(names[other.id])}: {plain(diff['error'])}")
+        continue
+    st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}:** {plain(diff['sentence'])}")
+    st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")
+    only = [*(("only in " + names[baseline], r) for r in diff["only_in_a"][:5]),
+            *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]
+    if only:
+        st.caption("Kernels/ops in one run only: " + "; ".join(
+            f"{plain(where)}: {plain(r['name'][:60])} ({r['us_per_step']:,.0f} µs/step"
+            + (f", {plain(r['note'])}" if r.get("note") else "") + ")" for where, r in only))
+if not compared_any:
+    st.caption("No two of these runs have a profiler window to compare (runs record one "
+               "after warm-up unless profiling is off).")
 
 st.subheader("Config differences")
 diff = config_diff({r.id: r.config for r in runs})

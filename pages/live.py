@@ -217,7 +217,14 @@ def matrix_unit_badge(run) -> None:
         st.markdown(f"{icon} **CPU matrix unit:** {plain(cpu['headline'])}")
         if cpu.get("evidence"):
             st.caption("oneDNN evidence: " + ", ".join(plain(e) for e in cpu["evidence"][:4]))
-    if verdict or cpu:
+    explain = summary.get("explain") or {}
+    if explain.get("bound_by"):
+        banner, bound = explain.get("banner") or {}, explain["bound_by"]
+        if banner.get("headline") and verdict:
+            st.caption(plain(banner["headline"]))  # the verdict with how busy the GPU was
+        st.info(f"**Bound by:** {plain(bound['sentence'])}"
+                + "".join(f"\n- {plain(tip)}" for tip in bound.get("advice", [])[:3]))
+    if verdict or cpu or explain:
         st.page_link("pages/kernels.py", label="Kernel breakdown", icon=":material/memory:")
 
 

@@ -10,12 +10,14 @@ at most 1.4x; the table says which part held the rest back.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from engine.analysis.accounting import CAST_OPS, PARTS, time_accounting
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
 from engine.analysis.traces import ParsedTrace, breakdown, load_trace, share_text
+from engine.schema import TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
 SENTENCE_MIN_SHARE = 0.05  # parts below 5 % of A's step stay out of the sentence
@@ -195,3 +197,42 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
         "only_in_b": _only_in(names_b, names_a, acc_b["window"]["step_count"]),
         "bound_by_a": bound_by(acc_a), "bound_by_b": bound_by(acc_b),
     }
+
+
+def run_trace_path(store, run) -> Path | None:
+    """The run's profiler trace in its directory, or None when it recorded none."""
+    path = store.run_dir(run.id) / TRACE_FILENAME
+    return path if path.exists() else None
+
+
+def explain_runs(store, run_a, run_b) -> dict | None:
+    """explain_diff for two runs' profiler windows (A = the baseline), labelled by the
+    runs' labels; None when either has no trace; {"error": ...} when they cannot be
+    compared (a GPU run against a CPU run)."""
+    path_a, path_b = run_trace_path(store, run_a), run_trace_path(store, run_b)
+    if path_a is None or path_b is None:
+        return None
+    try:
+        return explain_diff(path_a, path_b, label_a=run_a.config.label,
+                            label_b=run_b.config.label,
+                            cpu_evidence_a=run_a.summary.get("cpu_evidence"),
+                            cpu_evidence_b=run_b.summary.get("cpu_evidence"))
+    except ValueError as exc:
+        return {"error": str(exc)}
+
+
+def parts_rows(diff: dict) -> list[dict]:
+    """explain_diff's parts as table rows (ms per step, share of A's step, speedup)."""
+    rows = []
+    for part in diff["parts"]:
+        if not part["a_us"] and not part["b_us"]:
+            continue
+        rows.append({"part": part["part"], f"{diff['label_a']} (ms/step)": part["a_us"] / 1000,
+                     f"{diff['label_b']} (ms/step)": part["b_us"] / 1000,
+                     "share of A's step": share_text(part["share_of_a"]),
+                     "speedup": f"{part['speedup']:.2f}x" if part["speedup"] else "n/a"})
+    rows.append({"part": "step", f"{diff['label_a']} (ms/step)": diff["step_time_a_us"] / 1000,
+                 f"{diff['label_b']} (ms/step)": diff["step_time_b_us"] / 1000,
+                 "share of A's step": "100 %",
+                 "speedup": f"{diff['step_speedup']:.2f}x" if diff["step_speedup"] else "n/a"})
+    return rows

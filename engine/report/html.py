@@ -31,6 +31,7 @@ from engine.analysis.compare import (
     steady_medians,
     summary_table,
 )
+from engine.analysis.explain import explain_runs, parts_rows
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
 
@@ -118,6 +119,8 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
         _section("Summary (steady-state steps; ratios against the baseline)",
                  _summary_html(table)),
         _section("Charts", "\n".join(_figure_div(fig) for fig in figures.values())),
+        _section("Why one run is faster than another (profiler windows)",
+                 _diff_html(store, runs, table)),
         _section("Config differences", _config_diff_html(runs)),
         _section("Full configs and run summaries", _configs_html(runs)),
     ]
@@ -269,6 +272,27 @@ def _fmt_cell(value: Any, fmt: str | None) -> str:
     if fmt == "{:d}":
         return str(int(value))
     return fmt.format(value)
+
+
+def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame) -> str:
+    """Each run against the baseline, part by part (engine.analysis.explain)."""
+    base_id = next(r["run_id"] for r in table.to_dict("records") if r["is_baseline"])
+    blocks = []
+    for run_id, run in runs.items():
+        if run_id == base_id:
+            continue
+        diff = explain_runs(store, runs[base_id], run)
+        if diff is None:
+            continue
+        if diff.get("error"):
+            blocks.append(f"<p class=meta>{_e(run.config.label)}: {_e(diff['error'])}</p>")
+            continue
+        rows = parts_rows(diff)
+        header = list(rows[0])
+        blocks.append(f"<p>{_e(diff['sentence'])}</p>" + _html_table(
+            header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float) else row[h]
+                      for h in header] for row in rows], {1, 2}))
+    return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"
 
 
 def _config_diff_html(runs: Mapping[str, RunRecord]) -> str:

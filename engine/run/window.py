@@ -47,8 +47,29 @@ def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path 
         summary.update(_gpu_kernels(store, run_id, trace_path))
     if onednn_log_path is not None:
         summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype)
+    if trace_path is not None and trace_path.exists() and "profile_error" not in summary:
+        summary["explain"] = _explain(trace_path, summary.get("cpu_evidence"))
     store.merge_summary(run_id, summary)
     return summary
+
+
+def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
+    """Where the window's step time went and what bounds it (the Live banner), kept small:
+    the full tables are recomputed from the trace by the Kernels page."""
+    # pandas and the trace parser: loaded only once a window has closed
+    from engine.analysis.explain import analyze
+
+    try:
+        result = analyze(trace_path, cpu_evidence=cpu_evidence)
+    except Exception as exc:  # noqa: BLE001 - the verdict is optional; the run is not
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    accounting = result["accounting"]
+    return {"banner": result["banner"], "bound_by": result["bound_by"],
+            "kind": accounting.get("kind"), "step_time_us": accounting.get("step_time_us"),
+            "busy_us": result.get("busy_us"), "idle_us": result.get("idle_us"),
+            "idle_share": result.get("idle_share"), "copy_us": result.get("copy_us"),
+            "overlap_us": result.get("overlap_us"),
+            "parts_per_step_us": accounting.get("parts_per_step_us")}
 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:

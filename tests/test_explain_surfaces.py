@@ -1,0 +1,71 @@
+"""The bound-by verdict and the B-vs-A explanation on Live, Compare and in the HTML report,
+for two real profiled CPU runs of this machine (fp32 vs bf16-amp, real workers)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from _real_runs import tiny_config
+from streamlit.testing.v1 import AppTest
+
+from engine.analysis.explain import explain_runs
+from engine.report.html import build_html
+from engine.run.launcher import launch
+from engine.schema import FINAL_STATUSES
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_profiled_runs(store):
+    ids = [launch(tiny_config(p, steps=14, profile=True, profile_steps=3), store)
+           for p in ("fp32", "bf16-amp")]
+    deadline = time.monotonic() + 240
+    while not all(store.get_run(i).status in FINAL_STATUSES for i in ids):
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert [store.get_run(i).status for i in ids] == ["finished"] * 2
+    return ids
+
+
+def _text(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "info", "warning") for e in getattr(at, kind)]
+    return re.sub(r"\\(.)", r"\1", "\n".join(parts))
+
+
+@pytest.mark.timeout(400)
+def test_bound_by_and_why_b_is_faster_on_live_compare_and_report(store, two_profiled_runs):
+    base_id, other_id = two_profiled_runs
+    other = store.get_run(other_id)
+    explain = other.summary["explain"]
+    assert explain["kind"] == "cpu" and explain["bound_by"]["verdict"] in (
+        "input", "cpu_launch", "memory", "math", "communication", "unknown")
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["run"] = other_id
+    at.run()
+    at.switch_page("pages/live.py").run()
+    assert not at.exception, at.exception
+    assert any(i.value.startswith("**Bound by:**") and
+               re.sub(r"\\(.)", r"\1", i.value).find(explain["bound_by"]["sentence"]) > 0
+               for i in at.info), [i.value for i in at.info]
+
+    diff = explain_runs(store, store.get_run(base_id), other)
+    assert diff and not diff.get("error")
+    total_a = sum(part["a_us"] for part in diff["parts"])
+    assert total_a == pytest.approx(diff["step_time_a_us"], rel=0.02)  # the parts add up
+
+    at.query_params["runs"] = f"{base_id},{other_id}"
+    at.query_params["baseline"] = base_id
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception, at.exception
+    assert "Why one run is faster than another" in [h.value for h in at.subheader]
+    assert diff["sentence"] in _text(at)
+
+    report = build_html(store, [base_id, other_id], base_id)
+    assert "Why one run is faster than another (profiler windows)" in report
+    assert diff["sentence"].replace("'", "&#x27;") in report.replace("&gt;", ">")
