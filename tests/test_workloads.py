@@ -269,3 +269,25 @@ def test_models_lists_every_name_with_its_parameter_count(cli):
     for row in listing["models"]:
         assert row["param_count"] and isinstance(row["installed"], bool)
         assert row["installed"] or "requirements-models.txt" in row["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_slow_input_pipeline_run_is_called_input_bound(tmp_path, home, store, wait_for):
+    """A real worker run (profiler window on) with the slow Dataset and 0 workers: the
+    stored bound-by verdict says input-bound, with the measured data wait."""
+    from engine.run.launcher import launch
+    from engine.schema import FINAL_STATUSES
+
+    path = write(tmp_path, "slow.py", SLOW_WORKLOAD)
+    cfg = RunConfig(model="custom", workload=str(path), data="loader", batch_size=8,
+                    steps=16, warmup_steps=4, profile=True, profile_steps=3, device="cpu",
+                    optimizer="sgd")
+    run_id = launch(cfg, store)
+    wait_for(lambda: store.get_run(run_id).status in FINAL_STATUSES, 200)
+    run = store.get_run(run_id)
+    assert run.status == "finished", run.reason
+    verdict = run.summary["explain"]["bound_by"]
+    assert verdict["verdict"] == "input", verdict
+    assert verdict["numbers"]["data_wait_source"] == "data_wait_ms passed in"
+    assert verdict["sentence"].startswith("Input-bound: waiting for data took")

@@ -27,7 +27,8 @@ def finalize_run_data(store: Store, run_id: str) -> None:
 
         frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
         stats = frame_stats(frame)
-        store.merge_summary(run_id, {COMPARE_STATS_KEY: stats, **one_throughput_figure(stats)})
+        store.merge_summary(run_id, {COMPARE_STATS_KEY: stats, **one_throughput_figure(stats),
+                                     **bound_by_with_data_wait(store.get_run(run_id).summary)})
     except Exception:  # noqa: BLE001 - the Compare page recomputes them from the rows
         traceback.print_exc()
 
@@ -44,3 +45,19 @@ def one_throughput_figure(stats: dict) -> dict:
         if steady.get(key) is not None:
             figures[key] = steady[key]
     return figures
+
+
+def bound_by_with_data_wait(summary: dict) -> dict:
+    """The profiler window's bound-by verdict decided again with the run's measured wait
+    for its next batch (steady steps), where the run measured one: an input pipeline that
+    holds the loop back is then input-bound whatever the trace's few steps showed."""
+    # the trace analysis imports pandas: kept out of the supervisor with the rest here
+    from engine.analysis.bound import bound_by
+
+    explain, wait_ms = summary.get("explain") or {}, summary.get("data_wait_ms")
+    if not explain.get("accounting") or wait_ms is None:
+        return {}
+    verdict = bound_by(explain["accounting"], data_wait_ms=wait_ms)
+    banner = dict(explain.get("banner") or {})
+    banner["sentence"], banner["advice"] = verdict["sentence"], verdict["advice"]
+    return {"explain": {**explain, "bound_by": verdict, "banner": banner}}

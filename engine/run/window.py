@@ -69,7 +69,15 @@ def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
             "busy_us": result.get("busy_us"), "idle_us": result.get("idle_us"),
             "idle_share": result.get("idle_share"), "copy_us": result.get("copy_us"),
             "overlap_us": result.get("overlap_us"),
-            "parts_per_step_us": accounting.get("parts_per_step_us")}
+            "parts_per_step_us": accounting.get("parts_per_step_us"),
+            # what bound_by reads, so run.finalize can decide again with the run's measured
+            # data wait (the window alone sees a few steps' DataLoader spans at most)
+            "accounting": {key: accounting.get(key) for key in BOUND_BY_KEYS}}
+
+
+BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_loader_us",
+                 "exposed_communication_us", "idle_share", "median_kernel_us",
+                 "kernel_count", "sync_calls")
 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
