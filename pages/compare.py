@@ -232,6 +232,10 @@ def _diff(home: str, base_id: str, run_id: str, base_ended: float | None,
     return explain_runs(get_store(), get_store().get_run(base_id), get_store().get_run(run_id))
 
 
+for bounded in runs:  # what limits each run's step, from its profiler window
+    verdict = (bounded.summary.get("explain") or {}).get("bound_by")
+    if verdict:
+        st.caption(f"{plain(names[bounded.id])}: {plain(verdict['sentence'])}")
 base_run = next(r for r in runs if r.id == baseline)
 compared_any = False
 for other in (r for r in runs if r.id != baseline):

@@ -30,10 +30,21 @@ store = get_store()
 
 
 @st.cache_data(show_spinner="Analysing the trace...", max_entries=16)
-def analyze(path: str, mtime_ns: int, cpu_evidence_json: str | None = None) -> dict:
+def analyze(path: str, mtime_ns: int, cpu_evidence_json: str | None = None,
+            step: int | None = None) -> dict:
     """Cached per file version: re-analysing a 100 MB trace on every rerun is not an option."""
     evidence = json.loads(cpu_evidence_json) if cpu_evidence_json else None
-    return analyze_trace_file(path, cpu_evidence=evidence)
+    return analyze_trace_file(path, cpu_evidence=evidence, step=step)
+
+
+def step_choice(result: dict, key: str) -> int | None:
+    """A trace with several ProfilerStep#N spans: pick one step, or the whole window."""
+    steps = [row["step"] for row in (result.get("accounting") or {}).get("steps") or []]
+    if len(steps) < 2:
+        return None
+    return st.selectbox("Profiler step", [None, *steps], key=key,
+                        format_func=lambda n: "the whole window (every step)" if n is None
+                        else f"ProfilerStep#{n} only")
 
 
 @st.cache_data(show_spinner="Comparing the two traces...", max_entries=8)
@@ -229,7 +240,11 @@ if source == "Upload a trace file":
         if upload_b is not None:
             saved[upload_b.name] = _saved_upload(upload_b)
         try:
-            report(analyze_trace_file(saved[upload.name]))
+            result = analyze_trace_file(saved[upload.name])
+            chosen_step = step_choice(result, "trace_upload_step")
+            if chosen_step is not None:
+                result = analyze_trace_file(saved[upload.name], step=chosen_step)
+            report(result)
             if upload_b is not None:
                 diff_report(explain_diff(saved[upload.name], saved[upload_b.name]))
         except (ValueError, OSError) as exc:
@@ -276,7 +291,11 @@ elif run.summary.get("gpm_note"):
 trace_path = store.run_dir(run.id) / TRACE_FILENAME
 evidence = run.summary.get("cpu_evidence")
 if run.device_key.startswith("cuda") and trace_path.exists():
-    gpu_report(analyze(str(trace_path), trace_path.stat().st_mtime_ns))
+    gpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns)
+    chosen_step = step_choice(gpu_result, "kernels_step")
+    if chosen_step is not None:
+        gpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns, None, chosen_step)
+    gpu_report(gpu_result)
 elif evidence:
     cpu_report(evidence)
 if not run.device_key.startswith("cuda") and trace_path.exists():

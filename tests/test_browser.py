@@ -21,6 +21,7 @@ import pytest
 from browser_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    REPO_ROOT,
     StreamlitServer,
     chart_points,
     chart_titles,
@@ -408,3 +409,78 @@ def test_launch_refuses_an_out_of_range_batch_size_on_screen(server, page, store
     assert store.list_runs() == [], "a run was created from an out-of-range batch size"
     assert "/live" not in page.url
     assert_page_healthy(page, "Launch with batch size 0")
+
+
+@pytest.fixture
+def workload_server(browser, tmp_path, monkeypatch):
+    """The app with PRECISION_LAB_WORKLOADS pointing at the shipped example workloads."""
+    monkeypatch.setenv("PRECISION_LAB_WORKLOADS", str(REPO_ROOT / "examples" / "workloads"))
+    srv = StreamlitServer(home=tmp_path / "lab_home", log_dir=tmp_path / "logs")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+        stop_all_runs(srv.home)
+
+
+def _launch_example_workload(page, server, precision: str) -> str:
+    goto(page, f"{server.url}/", TITLES[""])
+    choose(page, "device", lambda text: text.startswith("cpu:"))
+    choose(page, "model", lambda text: text.startswith("custom: your own workload"))
+    chosen = widget(page, "workload").get_by_role("combobox").input_value()
+    assert chosen.startswith("tiny_transformer.py"), chosen
+    choose(page, "precision", lambda text: f" {precision}:" in f" {text}")
+    set_number(page, "steps", 24)
+    page.get_by_role("button", name="Launch run", exact=True).click()
+    page.wait_for_url(LIVE_URL, timeout=30_000)
+    return parse_qs(urlparse(page.url).query)["run"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_your_workload_bound_by_why_b_is_faster_and_a_speedup_check_in_the_browser(
+        workload_server, browser, tmp_path):
+    """The example workload launched from the app (listed from PRECISION_LAB_WORKLOADS),
+    its bound-by verdict on Live, the fp32 vs bf16-amp explanation on Compare, and a
+    speedup check launched from Launch drawn as a forest plot on Live."""
+    from engine.store import Store
+
+    server, store = workload_server, Store(workload_server.home)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.js_errors = []
+    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
+    try:
+        ids = [_launch_example_workload(page, server, p) for p in ("fp32", "bf16-amp")]
+        for run_id in ids:
+            wait_for(lambda: status_of(store, run_id) in ("finished", "failed", "oom"), 180,
+                     message=f"run {run_id} to end")
+            assert status_of(store, run_id) == "finished", store.get_run(run_id).reason
+        assert store.get_run(ids[0]).config.model == "custom"
+
+        goto(page, f"{server.url}/live?run={ids[1]}", TITLES["live"])
+        page.get_by_text("Bound by:").first.wait_for(timeout=30_000)
+        assert_page_healthy(page, "Live of a custom workload")
+
+        goto(page, f"{server.url}/compare?runs={ids[0]},{ids[1]}&baseline={ids[0]}",
+             "Compare runs")
+        page.get_by_role("heading", name="Why one run is faster than another").wait_for()
+        # The sentence ends "-> step 1.3x slower" (Streamlit draws the arrow as one glyph).
+        wait_for(lambda: re.search(r" vs .*(->|→) step [\d.]+x", main_text(page)), 60,
+                 message=lambda: f"the part-by-part sentence (page: {main_text(page)[:3000]!r})")
+        assert_page_healthy(page, "Compare with the B-vs-A explanation")
+
+        goto(page, f"{server.url}/", TITLES[""])
+        choose(page, "device", lambda text: text.startswith("cpu:"))
+        choose(page, "model", "mlp")
+        set_number(page, "speedup_budget_s", 6)
+        page.get_by_role("button", name="Run speedup check", exact=True).click()
+        page.wait_for_url(LIVE_URL, timeout=30_000)
+        wait_for(lambda: any(t.startswith("Speedup vs fp32 (95 % interval)")
+                             for t in chart_titles(page)), 150,
+                 message=lambda: f"the forest plot (charts: {chart_titles(page)})")
+        assert_page_healthy(page, "Live of a speedup check")
+    finally:
+        context.close()

@@ -9,6 +9,7 @@ inside its chart, and the HTML report fits a 1280 px screen and a printed page.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -166,10 +167,24 @@ def _charts_page(path, figs_and_widths) -> None:
                     "</body></html>", encoding="utf-8")
 
 
-def _wait_for_charts(page, count: int) -> list[dict]:
+def _wait_for_charts(page, count: int, settle_s: float = 10.0) -> list[dict]:
+    """The geometry once every chart is drawn and its layout has settled: plotly's
+    automargin redraws a chart after the first paint (asynchronously, later on a busy
+    machine), so two reads 0.3 s apart must agree."""
     page.wait_for_function("(n) => document.querySelectorAll('.js-plotly-plot .gtitle')"
                            ".length >= n", arg=count)
-    return page.evaluate(_GEOMETRY_JS)
+    # Plotly's automargin pass (and font loading) can land a few frames after the first
+    # paint on a busy machine: wait for fonts, then for three equal reads 0.3 s apart.
+    page.evaluate("() => document.fonts.ready.then(() => true)")
+    page.wait_for_timeout(500)
+    deadline = time.monotonic() + settle_s
+    previous, equal_reads = page.evaluate(_GEOMETRY_JS), 0
+    while time.monotonic() < deadline and equal_reads < 2:
+        page.wait_for_timeout(300)
+        current = page.evaluate(_GEOMETRY_JS)
+        equal_reads = equal_reads + 1 if current == previous else 0
+        previous = current
+    return previous
 
 
 @pytest.mark.browser

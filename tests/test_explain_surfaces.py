@@ -65,7 +65,9 @@ def test_bound_by_and_why_b_is_faster_on_live_compare_and_report(store, two_prof
     assert not at.exception, at.exception
     assert "Why one run is faster than another" in [h.value for h in at.subheader]
     assert diff["sentence"] in _text(at)
+    assert explain["bound_by"]["sentence"] in _text(at)  # each run's bound-by verdict
 
     report = build_html(store, [base_id, other_id], base_id)
     assert "Why one run is faster than another (profiler windows)" in report
+    assert "What limits each run's step:" in report
     assert diff["sentence"].replace("'", "&#x27;") in report.replace("&gt;", ">")

@@ -136,3 +136,21 @@ def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
     assert any("-> step" in box.value.replace("\\", "") for box in at.info)
     diff = next(df.value for df in at.dataframe if "share_of_a" in df.value.columns)
     assert list(diff["part"])[0] == "matrix"
+
+
+def test_one_profiler_step_can_be_picked_and_the_figures_follow(store):
+    """The A100 NCCL trace has ProfilerStep#4..6: picking one shows that step's figures
+    (the window's divided differently), and the whole window comes back."""
+    run_id = _gpu_run(store, "a100_conv_nccl_hta.json.gz", "tf32")
+    at = _kernels_page(run_id)
+    whole = {m.label: m.value for m in at.metric}
+    picker = at.selectbox(key="kernels_step")
+    assert picker.options[0].startswith("the whole window")
+    picker.set_value(5).run()
+    assert not at.exception, at.exception
+    one = {m.label: m.value for m in at.metric}
+    assert one["GPU busy"] != whole["GPU busy"]
+    busy_ms = float(one["GPU busy"].split()[0])
+    assert 0 < busy_ms < float(whole["GPU busy"].split()[0])
+    at.selectbox(key="kernels_step").set_value(None).run()
+    assert {m.label: m.value for m in at.metric} == whole

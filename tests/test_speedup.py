@@ -144,3 +144,20 @@ def test_cli_speedup_bad_input_exits_2_naming_the_field(cli):
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_speedup_check_measures_your_own_workload(tmp_path):
+    """The example user workload through the same paired measurement (issue: the speedup
+    check accepts every workload the runs accept)."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "tiny_transformer.py"
+    cfg = RunConfig(model="custom", workload=str(example), precision="fp32",
+                    speedup_modes="fp32,bf16-amp", speedup_budget_s=5.0, batch_size=8,
+                    seq_len=32)
+    result = measure_speedup(cfg, "cpu")
+    base, other = result["modes"]
+    assert result["rounds"] >= 1 and base["blocks"] == other["blocks"]
+    assert base["median_step_ms"] > 0 and other["median_step_ms"] > 0
+    assert result["flops_per_step"] and other["achieved_flops_per_s"] > 0

@@ -65,7 +65,16 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def no_children_left() -> bool:
-    return not psutil.Process().children(recursive=True)
+    """No live child process (a zombie is dead: another test's child not yet reaped)."""
+    return not [child for child in psutil.Process().children(recursive=True)
+                if _status(child) not in (psutil.STATUS_ZOMBIE, None)]
+
+
+def _status(process: psutil.Process) -> str | None:
+    try:
+        return process.status()
+    except psutil.Error:
+        return None
 
 
 @pytest.fixture

@@ -277,7 +277,10 @@ def _fmt_cell(value: Any, fmt: str | None) -> str:
 def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame) -> str:
     """Each run against the baseline, part by part (engine.analysis.explain)."""
     base_id = next(r["run_id"] for r in table.to_dict("records") if r["is_baseline"])
-    blocks = []
+    bounds = [f"<li>{_e(run.config.label)}: {_e(verdict['sentence'])}</li>"
+              for run in runs.values()
+              if (verdict := (run.summary.get("explain") or {}).get("bound_by"))]
+    blocks = [f"<p>What limits each run's step:</p><ul>{''.join(bounds)}</ul>"] if bounds else []
     for run_id, run in runs.items():
         if run_id == base_id:
             continue

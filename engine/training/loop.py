@@ -112,8 +112,9 @@ class _Interval:
 def phase_of(step: int, cfg: RunConfig) -> str:
     """warmup for the first steps, profile for the profiler window, steady otherwise.
 
-    The window is one profiler warm-up step plus `profile_steps` recorded steps, right
-    after the warm-up; those steps are slower and are kept out of steady-state averages.
+    The window is one evidence step (CUDA: the profiler's own warm-up; CPU: oneDNN verbose
+    on, not traced) plus `profile_steps` traced steps, right after the warm-up; those steps
+    are slower and are kept out of steady-state averages.
     """
     if step <= cfg.warmup_steps:
         return WARMUP
@@ -281,27 +282,41 @@ class ProfilerWindow:
         self.trace_path: Path | None = None
         self.onednn_log_path: Path | None = None
         self.gpm_thread = None
+        self.verbose: contextlib.ExitStack | None = None  # oneDNN verbose capture (CPU)
         self.gpm: tuple[float | None, str] = (
             (None, "not available: still sampling") if device.type == "cuda" else
             (None, "not available: NVML GPM tensor counters exist on NVIDIA Hopper+ GPUs only"))
 
     def before_step(self, step: int, phase: str) -> None:
-        if self.enabled and phase == PROFILE and self.prof is None and self.trace_path is None:
-            from torch.profiler import ProfilerActivity, profile
+        if not (self.enabled and phase == PROFILE and self.prof is None
+                and self.trace_path is None):
+            return
+        # runs/<id>/ deleted under a running trainer: write the window's files anyway.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.device.type != "cuda" and self.onednn_log_path is None:
+            # The CPU's evidence (which oneDNN implementation ran each primitive) comes from
+            # the window's first step alone: verbose printing slows every primitive, and
+            # inside the profiled steps it would inflate the very times the trace explains.
+            self.onednn_log_path = self.run_dir / ONEDNN_LOG_FILENAME
+            self.verbose = contextlib.ExitStack()
+            self.verbose.enter_context(capture_onednn_verbose(self.onednn_log_path))
+            return
+        self.close_verbose()
+        from torch.profiler import ProfilerActivity, profile
 
-            # runs/<id>/ deleted under a running trainer: write the window's files anyway.
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            activities = [ProfilerActivity.CPU]
-            self.stack = contextlib.ExitStack()
-            if self.device.type == "cuda":
-                activities.append(ProfilerActivity.CUDA)
-                self._start_gpm_sampler()
-            else:
-                # The CPU's evidence: which oneDNN implementation ran each primitive.
-                self.onednn_log_path = self.run_dir / ONEDNN_LOG_FILENAME
-                self.stack.enter_context(capture_onednn_verbose(self.onednn_log_path))
-            self.prof = self.stack.enter_context(
-                profile(activities=activities, record_shapes=True))
+        activities = [ProfilerActivity.CPU]
+        self.stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            self._start_gpm_sampler()
+        self.prof = self.stack.enter_context(
+            profile(activities=activities, record_shapes=True))
+
+    def close_verbose(self) -> None:
+        """End the oneDNN verbose capture (stdout back to the worker log), if it is on."""
+        if self.verbose is not None:
+            self.verbose.close()
+            self.verbose = None
 
     def _start_gpm_sampler(self) -> None:
         """Counter-based confirmation on Hopper+: NVML GPM tensor-pipe activity, sampled in
@@ -318,6 +333,8 @@ class ProfilerWindow:
 
     def after_step(self, step: int, next_phase: str | None) -> bool:
         """Close the window after its last step; True when a trace was written now."""
+        if next_phase != PROFILE:
+            self.close_verbose()  # a window cut short after its evidence step
         if self.prof is None or next_phase == PROFILE:
             return False
         if self.device.type == "cuda":
@@ -505,6 +522,7 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
             status, reason = "stopped", f"stopped by request at step {step}"
             break
 
+    profiler.close_verbose()  # a run stopped inside the window: stdout back to the log
     samples_per_s = (steady_steps * trainer.samples_per_step / steady_time_s) if steady_time_s else None
     mem = memory_snapshot(device)
     return TrainResult(
