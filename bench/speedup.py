@@ -1,7 +1,7 @@
 """Speedup check under load: does the paired measurement hold when the machine is busy?
 
     python -m bench.speedup [--budget-s 60] [--repeats 3] [--model gpt --size small]
-                            [--batch-size 16] [--quick] [--json]
+                            [--batch-size 4] [--quick] [--json]
 
 The benchmark starts its own competing load (one process spinning one core, bench/_hog.py)
 for the whole run, then, through `python -m engine speedup` (a real queued run, its own
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,14 +29,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import REPO_ROOT, fmt, machine_info, print_table, spread
+from bench._common import REPO_ROOT, machine_info, print_table, spread
 from bench._hog import cpu_hog
 
 AA_HALF_WIDTH_PCT = 5.0
 
 
+TRAINER_THREADS = {"value": None}  # --threads: OMP_NUM_THREADS of the engine's processes
+
+
 def _engine(home: Path, *args: str, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, PRECISION_LAB_HOME=str(home), PRECISION_LAB_STANDBY="0")
+    if TRAINER_THREADS["value"]:
+        env["OMP_NUM_THREADS"] = str(TRAINER_THREADS["value"])
     proc = subprocess.run([sys.executable, "-m", "engine", *args, "--json"], cwd=str(REPO_ROOT),
                           env=env, capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL)
@@ -62,6 +68,21 @@ def _naive_ratio(home: Path, workload: list[str], steps: int) -> float | None:
     return rates["bf16-amp"] / rates["fp32"]
 
 
+def _stop_runs(home: Path) -> None:
+    """Stop every run still active in the benchmark's data directory (an interrupted
+    `engine run` leaves its worker, which lives in a session of its own)."""
+    from engine.run.launcher import stop
+    from engine.schema import ACTIVE_STATUSES
+    from engine.store import DB_FILENAME, Store
+
+    if not (home / DB_FILENAME).exists():
+        return
+    store = Store(home)
+    for run in store.list_runs(limit=1000):
+        if run.status in ACTIVE_STATUSES:
+            stop(run.id, store)
+
+
 def _mode(result: dict[str, Any], label: str) -> dict[str, Any]:
     return result["modes"][label]
 
@@ -85,6 +106,7 @@ def bench(home: Path, workload: list[str], budget_s: float, repeats: int,
     return {
         "benchmark": "speedup", "workload": " ".join(workload), "budget_s": budget_s,
         "competing_load": "1 process spinning one core, for the whole benchmark",
+        "trainer_threads": TRAINER_THREADS["value"] or "torch default",
         "aa": {"speedup": twin["speedup"], "ci_low": twin["ci_low"], "ci_high": twin["ci_high"],
                "half_width_pct": aa_half, "rounds": aa["rounds"], "ok": aa_ok,
                "contention": (aa.get("contention") or {}).get("words")},
@@ -105,8 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--size", default="small")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--naive-steps", type=int, default=60)
+    # gpt small at batch 4: ~0.7 s a step here with the hog on one of the 2 cores, enough
+    # rounds in a minute for the interval; batch 16 takes ~2.6 s a step (5 rounds).
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--naive-steps", type=int, default=20)
+    # 1 by default: with the hog spinning one of 2 cores, a 2-thread trainer spends most
+    # of each step in OpenMP barriers waiting for its preempted thread (gpt small: ~2.6 s
+    # a step, 5 rounds a minute); one thread fits the free core and shows the method, not
+    # the scheduler. 0 = torch's default.
+    parser.add_argument("--threads", type=int, default=1,
+                        help="OMP_NUM_THREADS for the trainer (0: torch's default)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: mlp-tiny, 6 s budget, 1 repeat (no figures to quote)")
     parser.add_argument("--json", action="store_true")
@@ -115,19 +145,30 @@ def main(argv: list[str] | None = None) -> int:
         args.model, args.size, args.batch_size = "mlp", "tiny", 32
         args.budget_s, args.repeats, args.naive_steps = 6.0, 1, 30
     workload = ["--model", args.model, "--size", args.size, "--batch-size", str(args.batch_size)]
+    TRAINER_THREADS["value"] = args.threads or None
+    # SIGTERM runs the finally below too: no run of this benchmark outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="precision-lab-speedup-") as tmp:
-        result = bench(Path(tmp) / "home", workload, args.budget_s, args.repeats,
-                       args.naive_steps)
+        try:
+            result = bench(Path(tmp) / "home", workload, args.budget_s, args.repeats,
+                           args.naive_steps)
+        finally:
+            _stop_runs(Path(tmp) / "home")
     _print(result)
     if args.json:
         print(json.dumps(result))
     return 0 if result["met"] or args.quick else 1
 
 
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _print(result: dict[str, Any]) -> None:
     aa = result["aa"]
     print(f"speedup check under a competing load ({result['competing_load']}), "
-          f"{result['workload']}, budget {result['budget_s']:g} s per check")
+          f"{result['workload']}, trainer threads {result['trainer_threads']}, budget "
+          f"{result['budget_s']:g} s per check")
     print_table("(a) A/A: fp32 vs fp32 (target: 95 % CI contains 1.00, half-width <= 5 %)",
                 ["speedup", "ci_low", "ci_high", "half-width %", "rounds", "ok"],
                 [[aa["speedup"], aa["ci_low"], aa["ci_high"], aa["half_width_pct"],
@@ -141,8 +182,7 @@ def _print(result: dict[str, Any]) -> None:
     paired, naive = result["paired_spread"], result["naive_spread"]
     print(f"paired repeats agree within their intervals: "
           f"{'yes' if result['paired_consistent'] else 'NO'}; spread: paired "
-          f"{fmt(paired['min'], 3)}-{fmt(paired['max'], 3)}x, naive "
-          f"{fmt(naive['min'], 3)}-{fmt(naive['max'], 3)}x")
+          f"{_x(paired['min'])}-{_x(paired['max'])}x, naive {_x(naive['min'])}-{_x(naive['max'])}x")
     if aa.get("contention"):
         print(f"A/A check: {aa['contention']}")
 

@@ -133,3 +133,16 @@ def test_first_point_browser_reports_click_to_visible_beside_the_store():
     for key in ("click_to_store_s", "click_to_visible_s", "store_to_visible_s"):
         assert_spread(result["results"][key], key)
     assert result["launches"][0]["run_id"]
+
+
+@pytest.mark.timeout(400)
+def test_speedup_reports_the_aa_check_paired_repeats_and_the_naive_ratio():
+    result = run_bench("bench.speedup", timeout=360)
+    assert_common(result, "speedup")
+    aa = result["aa"]
+    assert_finite(aa["speedup"], "aa.speedup")
+    if (os.cpu_count() or 1) <= 2:  # one spinning core is a quarter or more of the machine
+        assert aa["contention"].startswith("measured while the machine was busy")
+    assert len(result["paired"]) == len(result["naive_ratios"]) == result["repeats"] == 1
+    assert_finite(result["paired"][0]["speedup"], "paired speedup")
+    assert result["competing_load"].startswith("1 process spinning")
