@@ -10,10 +10,10 @@ import plotly.graph_objects as go
 
 from engine.analysis.compare import ema
 from engine.analysis.live import steady_median
-from engine.report.figures import line_mode
+from engine.report.figures import PLOT_TEMPLATE, line_mode
 from engine.schema import PROFILE
 
-_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320,
+_LAYOUT = dict(template=PLOT_TEMPLATE, margin=dict(l=10, r=10, t=40, b=10), height=320,
                # The legend under the x-axis title, at the bottom of the chart: on top it
                # ran into the title as soon as the chart was narrow or the names long.
                legend=dict(orientation="h", yref="container", y=0, yanchor="bottom",

@@ -129,7 +129,7 @@ def show_result(result: dict) -> None:
     st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch")
     figure = achieved_vs_peak_figure(result)
     if figure is not None:
-        st.plotly_chart(figure, width="stretch")
+        st.plotly_chart(theme=None, figure_or_data=figure, width="stretch")
         if not any(l["peak"] for l in result["lines"]):
             st.caption("No datasheet peak for this device: the bars compare the dtypes with "
                        "each other (a CPU's real peak is what it measures).")

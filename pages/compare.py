@@ -169,9 +169,9 @@ units = dict(zip(table["run_id"], table["throughput_unit"]))
 figures = comparison_figures(frames, names, units, x_choice, smoothing, log_y,
                              steady_medians=steady_medians(table))
 col_a, col_b = st.columns(2)
-col_a.plotly_chart(figures["loss"], key="compare_chart_loss")
-col_b.plotly_chart(figures["throughput"], key="compare_chart_throughput")
-col_a.plotly_chart(figures["memory"], key="compare_chart_memory")
+col_a.plotly_chart(theme=None, figure_or_data=figures["loss"], key="compare_chart_loss")
+col_b.plotly_chart(theme=None, figure_or_data=figures["throughput"], key="compare_chart_throughput")
+col_a.plotly_chart(theme=None, figure_or_data=figures["memory"], key="compare_chart_memory")
 
 st.subheader("Summary")
 st.caption("Medians over steady-state steps (warm-up and profiler-window steps excluded). "
@@ -310,7 +310,7 @@ def numerics_section() -> None:
         (r.get("loss_scale") or 1.0) != 1.0 for r in records if r["step"] == step)
     times_scale = scaled_available and st.toggle(
         "Show gradients × loss scale (what fp16-amp's GradScaler stores)", key="numerics_scaled")
-    st.plotly_chart(histogram_figure(records, step, kind, times_scale), key="numerics_hist")
+    st.plotly_chart(theme=None, figure_or_data=histogram_figure(records, step, kind, times_scale), key="numerics_hist")
     rows = pd.DataFrame([r for r in fractions_rows(records, step) if r["kind"] == kind])
     st.dataframe(rows, key="numerics_table", hide_index=True)
     st.caption(

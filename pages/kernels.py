@@ -134,7 +134,7 @@ def category_chart(result: dict) -> None:
                            orientation="h"))
     fig.update_layout(title="GPU time per kernel category (µs)", height=320,
                       margin=dict(l=10, r=10, t=40, b=10), yaxis=dict(autorange="reversed"))
-    st.plotly_chart(fig, key="kernel_categories")
+    st.plotly_chart(theme=None, figure_or_data=fig, key="kernel_categories")
 
 
 def gpu_report(result: dict) -> None:

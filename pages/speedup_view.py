@@ -43,7 +43,7 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
         st.warning(plain(contention["words"]))
     elif contention.get("words"):
         st.caption(plain(contention["words"]))
-    st.plotly_chart(speedup_forest_figure(result), key=f"{key}_forest")
+    st.plotly_chart(theme=None, figure_or_data=speedup_forest_figure(result), key=f"{key}_forest")
     baseline = result.get("baseline")
     st.dataframe([_row_cells(row, baseline, busy) for row in result.get("modes", [])],
                  hide_index=True, width="stretch")

@@ -182,7 +182,7 @@ def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
     st.dataframe(runs_table(view), key="sweep_runs", hide_index=True)
     matrix = results_matrix(view, metric)
     for model in view.grid.models:
-        st.plotly_chart(heatmap(model, matrix), key=f"heatmap_{model}")
+        st.plotly_chart(theme=None, figure_or_data=heatmap(model, matrix), key=f"heatmap_{model}")
     if view.status != status_at_load:
         st.rerun()  # running -> done: redraw once, without the refresh timer
 

@@ -18,7 +18,11 @@ X_STEP, X_WALL = "step", "wall_time_s"
 X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
 PALETTE = qualitative.Plotly
 RAW_OPACITY = 0.3  # raw points stay visible, faint, under the smoothed line
-_LAYOUT = dict(margin=dict(l=10, r=10, t=50, b=10), height=360,
+# Pinned: importing Streamlit makes its own template plotly's default, so without this a
+# figure built in the app server (the report downloaded from Compare) would differ from
+# the same figure built by the CLI, and its tested layout would not hold.
+PLOT_TEMPLATE = "plotly"
+_LAYOUT = dict(template=PLOT_TEMPLATE, margin=dict(l=10, r=10, t=50, b=10), height=360,
                # The legend under the x-axis title, at the bottom of the chart: on top it
                # covered the title (long run names, EMA on: two entries per run).
                legend=dict(orientation="h", yref="container", y=0, yanchor="bottom",
@@ -175,7 +179,7 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
                       xaxis_title=f"speedup vs {html.escape(str(result.get('baseline')))} "
                                   "(> 1: faster)",
                       showlegend=False, height=140 + 60 * max(1, len(rows)),
-                      margin={"l": 110, "r": 30, "t": 60, "b": 50}, template="plotly_white")
+                      margin={"l": 110, "r": 30, "t": 60, "b": 50}, template=PLOT_TEMPLATE)
     fig.update_yaxes(automargin=True)
     fig.update_xaxes(automargin=True)
     return fig
