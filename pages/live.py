@@ -84,22 +84,27 @@ st.caption(f"{plain(cfg.model_label)} · {what} · batch {cfg.batch_size} · lr 
 
 on_ray = is_ray_run(store, run.id)  # a sweep run placed by a Ray cluster (device "cpu@IP")
 # Chart options and run actions: outside the refreshing fragment (the fragment reads them).
-opt_smooth, opt_log, opt_relaunch, opt_csv, opt_parquet = st.columns([3, 1, 2, 1, 1])
-opt_smooth.slider("Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01, key="live_smoothing",
-                  help="The smoothed line is drawn over the raw points, which stay visible")
-opt_log.toggle("Log y", key="live_log", help="Loss and throughput on a log scale")
-if opt_relaunch.button("Re-launch with this config", key="live_relaunch",
-                       help="Opens Launch with this run's settings filled in"):
-    relaunch(run)
-opt_csv.download_button("CSV", data=lambda: metrics_csv(store, run.id),
-                        file_name=f"{run.id}-metrics.csv", mime="text/csv", key="live_csv",
-                        help="Every logged step, every metric column (units in the header)",
-                        on_click="ignore")
-opt_parquet.download_button("Parquet", data=lambda: metrics_parquet(store, run.id),
-                            file_name=f"{run.id}-metrics.parquet",
-                            mime="application/vnd.apache.parquet", key="live_parquet",
-                            help="Every logged step, typed columns; units in the file metadata",
+if cfg.is_speedup_check:  # no metric rows: nothing to smooth or export, one action
+    if st.button("Re-launch with this config", key="live_relaunch",
+                 help="Opens Launch with this check's model and batch filled in"):
+        relaunch(run)
+else:
+    opt_smooth, opt_log, opt_relaunch, opt_csv, opt_parquet = st.columns([3, 1, 2, 1, 1])
+    opt_smooth.slider("Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01, key="live_smoothing",
+                      help="The smoothed line is drawn over the raw points, which stay visible")
+    opt_log.toggle("Log y", key="live_log", help="Loss and throughput on a log scale")
+    if opt_relaunch.button("Re-launch with this config", key="live_relaunch",
+                           help="Opens Launch with this run's settings filled in"):
+        relaunch(run)
+    opt_csv.download_button("CSV", data=lambda: metrics_csv(store, run.id),
+                            file_name=f"{run.id}-metrics.csv", mime="text/csv", key="live_csv",
+                            help="Every logged step, every metric column (units in the header)",
                             on_click="ignore")
+    opt_parquet.download_button("Parquet", data=lambda: metrics_parquet(store, run.id),
+                                file_name=f"{run.id}-metrics.parquet",
+                                mime="application/vnd.apache.parquet", key="live_parquet",
+                                help="Every logged step, typed columns; units in the file metadata",
+                                on_click="ignore")
 if run.is_active:
     if st.button("⏹ Stop run", key="stop_run", type="secondary"):
         with st.spinner("Stopping (the Ray task is asked to stop, then cancelled)..." if on_ray
@@ -405,7 +410,7 @@ def batch_search_result(run, search: dict) -> None:
 if not run.is_active and on_ray:
     st.caption(f"The largest-batch search probes this machine's devices; this run trained on "
                f"a Ray node ({run.device_key}), so it is not offered here.")
-elif not run.is_active:
+elif not run.is_active and not cfg.is_speedup_check:
     batch_search_block(run)
 
 with st.expander("Worker log"):

@@ -78,6 +78,9 @@ def test_a_speedup_check_launched_from_the_page_shows_on_live_compare_and_the_re
     assert shown["verdict"].startswith(bf16["words"])
     text = _text(at)
     assert "rounds of" in text and "interleaved in one process" in text
+    # A check logs no metric rows: no export buttons, no batch search, only re-launch.
+    assert not at.get("download_button")
+    assert [b.label for b in at.button] == ["Re-launch with this config"]
 
     at.query_params["runs"] = check.id
     at.switch_page("pages/compare.py").run()
