@@ -303,9 +303,14 @@ parallel_error = parallel_problem()
 
 
 def launch_all(precisions: tuple[str, ...]) -> list[str]:
-    """Validate every config first, so a preset launches all of its runs or none."""
+    return launch_configs(lambda: [build_config(p) for p in precisions])
+
+
+def launch_configs(make_configs) -> list[str]:
+    """Build and validate every config first, so a preset launches all of its runs or none;
+    a refusal is shown as the field, the value and the fix."""
     try:
-        return launch_many([build_config(p) for p in precisions], store)
+        return launch_many(make_configs(), store)
     except ConfigError as exc:
         st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
         return []
@@ -343,14 +348,7 @@ if st.button(f"Input pipeline what-if: DataLoader workers {workers_text} at {pre
              disabled=chosen.status == UNSUPPORTED or parallel_error is not None or not inputs_ok,
              help="The same model and precision through the DataLoader with each worker count; "
                   "Live shows how much of each step waits for data."):
-    try:
-        run_ids = launch_many(input_pipeline_configs(build_config(precision)), store)
-    except ConfigError as exc:
-        st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
-        run_ids = []
-    except StoreError as exc:
-        st.error(f"Not launched: {plain(exc)}")
-        run_ids = []
+    run_ids = launch_configs(lambda: input_pipeline_configs(build_config(precision)))
     if run_ids:
         st.session_state["preset_run_ids"] = run_ids
         open_in_live(run_ids[0])
@@ -384,17 +382,9 @@ if check_problem:
     st.caption(check_problem)
 if st.button("Run speedup check", key="speedup_check", width="stretch",
              disabled=check_problem is not None or not inputs_ok):
-    try:
-        check = build_config(check_modes[0]).replace(
-            speedup_modes=",".join(check_modes), speedup_budget_s=float(check_budget_s),
-            speedup_target_pct=float(check_target_pct), profile=False, numerics=False)
-        check_ids = launch_many([check], store)
-    except ConfigError as exc:
-        st.error(f"Not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
-        check_ids = []
-    except StoreError as exc:
-        st.error(f"Not launched: {plain(exc)}")
-        check_ids = []
+    check_ids = launch_configs(lambda: [build_config(check_modes[0]).replace(
+        speedup_modes=",".join(check_modes), speedup_budget_s=float(check_budget_s),
+        speedup_target_pct=float(check_target_pct), profile=False, numerics=False)])
     if check_ids:
         open_in_live(check_ids[0])
 

@@ -152,16 +152,7 @@ RUN_ANNOTATION_COLUMNS = (
 
 
 def _add_run_annotations(conn: sqlite3.Connection) -> None:
-    """Idempotent, and safe when two processes open the same old database at once."""
-    for name, declaration in RUN_ANNOTATION_COLUMNS:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
-        if name in columns:
-            continue
-        try:
-            conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {declaration}")
-        except sqlite3.OperationalError as exc:
-            if "duplicate column" not in str(exc).lower():
-                raise
+    _add_columns(conn, [("runs", name, declaration) for name, declaration in RUN_ANNOTATION_COLUMNS])
 
 
 # Series columns added after the first schema: (table, column, declaration). Older
@@ -186,10 +177,15 @@ SERIES_ADDED_COLUMNS = (
 
 
 def _add_series_columns(conn: sqlite3.Connection) -> None:
-    """Idempotent, and safe when two processes open the same old database at once."""
-    for table, name, declaration in SERIES_ADDED_COLUMNS:
-        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if name in columns:
+    _add_columns(conn, SERIES_ADDED_COLUMNS)
+
+
+def _add_columns(conn: sqlite3.Connection, columns) -> None:
+    """ALTER TABLE ... ADD COLUMN for each (table, column, declaration) a table lacks.
+    Idempotent, and safe when two processes open the same old database at once."""
+    for table, name, declaration in columns:
+        existing = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if name in existing:
             continue
         try:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
