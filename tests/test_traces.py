@@ -26,6 +26,7 @@ from engine.analysis.traces import (
     UNATTRIBUTED_OP,
     analyze_trace,
     breakdown,
+    kernel_groups,
     kernel_summary_rows,
     load_kernel_table,
     trace_device,
@@ -213,6 +214,43 @@ def test_kernel_summary_rows_sum_to_the_table(tables):
     assert sum(r["count"] for r in rows) == len(table)
     assert set(rows[0]) == {"name", "cpu_op", "total_us", "count", "category", "tensor_core",
                             "dtype", "reason"}
+
+
+@pytest.mark.parametrize("name", ["v100_resnet50_kineto_v1.json.gz",
+                                  "a100_conv_nccl_hta.json.gz"])
+def test_kernel_groups_match_a_plain_sum_per_kernel_name(name, tables):
+    """Every breakdown figure comes from kernel_groups: its per-name sums and counts must be
+    those of the raw events (plain json, no engine code)."""
+    with gzip.open(TRACES / name, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    expected: dict[str, list[float]] = {}
+    for event in events:
+        if event.get("cat") in ("kernel", "Kernel"):
+            expected.setdefault(event["name"], []).append(event["dur"])
+    got: dict[str, list] = {}
+    for group in kernel_groups(tables[name]):
+        entry = got.setdefault(group.name, [0.0, 0])
+        entry[0] += group.us
+        entry[1] += group.count
+    assert set(got) == set(expected)
+    for kernel, durations in expected.items():
+        assert got[kernel][1] == len(durations)
+        assert got[kernel][0] == pytest.approx(sum(durations), rel=1e-12, abs=1e-9)
+
+
+def test_ties_are_ordered_the_same_way_every_time(tmp_path):
+    """Equal times: top kernels in the order they first ran, ops alphabetically."""
+    events = [
+        _op("aten::mm", 0, 20, ext=1), _launch(5, correlation=1, ext=1),
+        _kernel("ampere_sgemm_64x64_nn", 10, 5, 1),
+        _op("aten::addmm", 30, 20, ext=2), _launch(35, correlation=2, ext=2),
+        _kernel("ampere_sgemm_32x32_nn", 40, 5, 2),
+    ]
+    summary = breakdown(load_kernel_table(_write(tmp_path, events)))
+    assert [k["name"] for k in summary["top_kernels"]] == ["ampere_sgemm_64x64_nn",
+                                                           "ampere_sgemm_32x32_nn"]
+    assert [op["cpu_op"] for op in summary["per_op"]] == ["aten::addmm", "aten::mm"]
+    assert [e["cpu_op"] for e in summary["could_have_didnt"]] == ["aten::addmm", "aten::mm"]
 
 
 # --- file handling ---------------------------------------------------------------------

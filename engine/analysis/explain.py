@@ -16,7 +16,7 @@ from typing import Any
 from engine.analysis.accounting import CAST_OPS, PARTS, time_accounting
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
-from engine.analysis.traces import ParsedTrace, breakdown, load_trace, share_text
+from engine.analysis.traces import ParsedTrace, breakdown, kernel_groups, load_trace, share_text
 from engine.schema import TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
@@ -73,13 +73,11 @@ def _label(parsed: ParsedTrace, given: str | None, fallback: str) -> str:
     """The caller's label, else the dominant dtype of the matrix kernels (fp32, bf16)."""
     if given:
         return given
-    table = parsed.table
-    if table.empty:
-        return fallback
-    matrix = table[table["category"].isin(MATRIX_CATEGORIES)]
-    dtypes = matrix.groupby(matrix["dtype"].fillna("unknown"))["dur_us"].sum()
-    dtypes = dtypes.drop("unknown", errors="ignore")
-    return str(dtypes.idxmax()) if len(dtypes) else fallback
+    matrix = [g for g in kernel_groups(parsed.table) if g.is_matrix and g.dtype]
+    dtypes: dict[str, float] = {}
+    for group in matrix:
+        dtypes[group.dtype] = dtypes.get(group.dtype, 0.0) + group.us
+    return max(dtypes, key=dtypes.get) if dtypes else fallback
 
 
 def _speedup_words(speedup: float | None, b_us: float) -> str:
@@ -96,14 +94,12 @@ def _name_totals(parsed: ParsedTrace) -> dict[str, dict]:
     """{name: {"us", "count", "category"}} of the kernels (GPU) or CPU ops (CPU)."""
     totals: dict[str, dict] = {}
     if parsed.is_gpu:
-        grouped = parsed.table.groupby("name").agg(us=("dur_us", "sum"), count=("dur_us", "size"),
-                                                   category=("category", "first"),
-                                                   tensor_core=("tensor_core", "first"),
-                                                   dtype=("dtype", "first"))
-        for name, row in grouped.iterrows():
-            totals[name] = {"us": float(row["us"]), "count": int(row["count"]),
-                            "category": row["category"], "tensor_core": row["tensor_core"],
-                            "dtype": row["dtype"] if isinstance(row["dtype"], str) else None}
+        for group in kernel_groups(parsed.table):
+            entry = totals.setdefault(group.name, {
+                "us": 0.0, "count": 0, "category": group.category,
+                "tensor_core": group.tensor_core, "dtype": group.dtype})
+            entry["us"] += group.us
+            entry["count"] += group.count
         return totals
     for name, start, end, *_ in parsed.cpu_ops:
         entry = totals.setdefault(name, {"us": 0.0, "count": 0, "category": None})

@@ -610,6 +610,81 @@ def _capability_number(capability: str | None) -> float | None:
         return None
 
 
+# ---------------------------------------------------------------------------------------
+# kernel groups: the unit every breakdown sum is made of
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """The kernels of one (name, launching CPU op) pair, summed. A kernel's classification is
+    a function of its name, so a trace of thousands of kernel events is a few hundred
+    groups: the breakdown sums the table once into groups and derives every figure from
+    them in plain Python (a pandas groupby costs about a millisecond of overhead, more than
+    the sums themselves on a small trace, and a breakdown needs a dozen of them)."""
+
+    name: str
+    cpu_op: str          # UNATTRIBUTED_OP when no CPU op launched it
+    us: float            # summed duration
+    count: int
+    category: str
+    tensor_core: str     # "yes" | "no" | "unknown"
+    dtype: str | None
+    reason: str
+
+    @property
+    def is_matrix(self) -> bool:
+        return self.category in MATRIX_CATEGORIES
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None  # pandas gives NaN for a missing dtype
+
+
+def kernel_groups(table: pd.DataFrame) -> list[KernelGroup]:
+    """One KernelGroup per (name, CPU op) in order of first appearance; durations summed
+    with math.fsum (correctly rounded, whatever the order)."""
+    if table.empty:
+        return []
+    durations: dict[tuple[str, str], list[float]] = {}
+    first_row: dict[tuple[str, str], int] = {}
+    for row, (name, op, dur) in enumerate(zip(table["name"].tolist(), table["cpu_op"].tolist(),
+                                              table["dur_us"].tolist())):
+        key = (name, op if isinstance(op, str) else UNATTRIBUTED_OP)
+        bucket = durations.get(key)
+        if bucket is None:
+            durations[key] = [float(dur)]
+            first_row[key] = row
+        else:
+            bucket.append(float(dur))
+    category, tensor_core = table["category"].tolist(), table["tensor_core"].tolist()
+    dtype, reason = table["dtype"].tolist(), table["reason"].tolist()
+    groups = []
+    for (name, op), values in durations.items():
+        row = first_row[(name, op)]
+        groups.append(KernelGroup(name, op, math.fsum(values), len(values), category[row],
+                                  tensor_core[row], _text_or_none(dtype[row]), reason[row]))
+    return groups
+
+
+def _totals(groups: list[KernelGroup], key: Any) -> dict[Any, float]:
+    """{key(group): summed us} in order of first appearance."""
+    values: dict[Any, list[float]] = {}
+    for group in groups:
+        values.setdefault(key(group), []).append(group.us)
+    return {k: math.fsum(v) for k, v in values.items()}
+
+
+def _largest_first(totals: dict[Any, float], alphabetical_ties: bool = True) -> list[Any]:
+    """Keys by value, largest first; ties in alphabetical order (or first appearance)."""
+    keys = sorted(totals, key=str) if alphabetical_ties else list(totals)
+    return sorted(keys, key=lambda k: totals[k], reverse=True)
+
+
+def _sum_us(groups: Any) -> float:
+    return math.fsum(group.us for group in groups)
+
+
+# ---------------------------------------------------------------------------------------
+
 def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
     """JSON-serialisable summary of a kernel table: totals, Tensor-Core shares, categories,
     top kernels, per-op attribution, ops that could have used Tensor Cores, and a verdict."""
@@ -621,12 +696,13 @@ def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
         capability = table.attrs.get("compute_capability") or compute_capability_from_name(device)
         if device and device != table.attrs.get("device"):
             capability = compute_capability_from_name(device) or capability
-    dur = table["dur_us"].astype("float64")
-    on_tc = table["tensor_core"] == "yes"
-    is_matrix = table["category"].isin(MATRIX_CATEGORIES)
-    total_us, tc_us = float(dur.sum()), float(dur[on_tc].sum())
-    matrix_us, matrix_tc_us = float(dur[is_matrix].sum()), float(dur[is_matrix & on_tc].sum())
-    categories = table.groupby("category")["dur_us"].sum()
+    groups = kernel_groups(table)
+    on_tc = [g for g in groups if g.tensor_core == "yes"]
+    matrix = [g for g in groups if g.is_matrix]
+    total_us, tc_us = _sum_us(groups), _sum_us(on_tc)
+    matrix_us = _sum_us(matrix)
+    matrix_tc_us = _sum_us(g for g in matrix if g.tensor_core == "yes")
+    categories = _totals(groups, lambda g: g.category)
     result = {
         "device": device,
         "vendor": vendor,
@@ -636,72 +712,58 @@ def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
         "total_kernel_us": _us(total_us),
         "tensor_core_us": _us(tc_us),
         "tensor_core_share": _share(tc_us, total_us),
-        "unknown_us": _us(dur[table["tensor_core"] == "unknown"].sum()),
+        "unknown_us": _us(_sum_us(g for g in groups if g.tensor_core == "unknown")),
         "matrix_us": _us(matrix_us),
         "matrix_tensor_core_us": _us(matrix_tc_us),
         "matrix_tensor_core_share": _share(matrix_tc_us, matrix_us),
         "categories": {c: _us(categories.get(c, 0.0)) for c in KERNEL_CATEGORIES},
-        "tensor_core_dtypes": _tensor_core_dtypes(table[on_tc]),
-        "top_kernels": top_kernels(table),
-        "per_op": per_op(table),
+        "tensor_core_dtypes": _tensor_core_dtypes(on_tc),
+        "top_kernels": top_kernels(groups),
+        "per_op": per_op(groups),
     }
-    result["could_have_didnt"] = could_have_didnt(table, device, capability)
-    result["verdict"] = _verdict(table, device, capability, vendor)
+    result["could_have_didnt"] = could_have_didnt(groups, device, capability)
+    result["verdict"] = _verdict(groups, device, capability, vendor)
     return result
 
 
-def _tensor_core_dtypes(tc_rows: pd.DataFrame) -> dict[str, float]:
+def _tensor_core_dtypes(tc_groups: list[KernelGroup]) -> dict[str, float]:
     """{dtype: us} of Tensor Core kernels, largest first."""
-    by_dtype = tc_rows.groupby(tc_rows["dtype"].fillna("unknown"))["dur_us"].sum()
-    return {str(k): _us(v) for k, v in by_dtype.sort_values(ascending=False).items()}
+    by_dtype = _totals(tc_groups, lambda g: g.dtype or "unknown")
+    return {dtype: _us(by_dtype[dtype]) for dtype in _largest_first(by_dtype)}
 
 
-def top_kernels(table: pd.DataFrame, limit: int = TOP_KERNELS) -> list[dict]:
-    """Kernels by summed time, largest first: name, total_us, count, verdict fields."""
-    if table.empty:
-        return []
-    grouped = (table.groupby("name", sort=False)
-               .agg(total_us=("dur_us", "sum"), count=("dur_us", "size"),
-                    tensor_core=("tensor_core", "first"), dtype=("dtype", "first"),
-                    reason=("reason", "first"), category=("category", "first"))
-               .sort_values("total_us", ascending=False, kind="stable").head(limit))
-    return [{"name": name, "total_us": _us(row["total_us"]), "count": int(row["count"]),
-             "tensor_core": row["tensor_core"], "dtype": _none_if_na(row["dtype"]),
-             "reason": row["reason"], "category": row["category"]}
-            for name, row in grouped.iterrows()]
+def top_kernels(groups: list[KernelGroup], limit: int = TOP_KERNELS) -> list[dict]:
+    """Kernels by summed time, largest first (ties: first to run): name, total_us, count,
+    verdict fields."""
+    by_name: dict[str, list[KernelGroup]] = {}
+    for group in groups:
+        by_name.setdefault(group.name, []).append(group)
+    totals = {name: _sum_us(members) for name, members in by_name.items()}
+    rows = []
+    for name in _largest_first(totals, alphabetical_ties=False)[:limit]:
+        first = by_name[name][0]
+        rows.append({"name": name, "total_us": _us(totals[name]),
+                     "count": sum(g.count for g in by_name[name]),
+                     "tensor_core": first.tensor_core, "dtype": first.dtype,
+                     "reason": first.reason, "category": first.category})
+    return rows
 
 
-def _none_if_na(value: Any) -> Any:
-    return None if value is None or (isinstance(value, float) and pd.isna(value)) else value
-
-
-def _op_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-kernel columns needed for per-op sums; unattributed kernels get a visible name."""
-    dur = table["dur_us"].astype("float64")
-    on_tc = table["tensor_core"] == "yes"
-    is_matrix = table["category"].isin(MATRIX_CATEGORIES)
-    return pd.DataFrame({
-        "cpu_op": table["cpu_op"].fillna(UNATTRIBUTED_OP),
-        "kernel_us": dur,
-        "tensor_core_us": dur.where(on_tc, 0.0),
-        "matrix_us": dur.where(is_matrix, 0.0),
-        "matrix_no_tc_us": dur.where(is_matrix & (table["tensor_core"] == "no"), 0.0),
-    })
-
-
-def per_op(table: pd.DataFrame) -> list[dict]:
+def per_op(groups: list[KernelGroup]) -> list[dict]:
     """Kernel time per launching CPU op, largest first."""
-    if table.empty:
-        return []
-    sums = _op_frame(table).groupby("cpu_op").agg(
-        kernel_us=("kernel_us", "sum"), tensor_core_us=("tensor_core_us", "sum"),
-        matrix_us=("matrix_us", "sum"), kernel_count=("kernel_us", "size"))
-    sums = sums.sort_values("kernel_us", ascending=False, kind="stable")
-    return [{"cpu_op": op, "kernel_us": _us(row["kernel_us"]),
-             "tensor_core_us": _us(row["tensor_core_us"]),
-             "tensor_core_share": _share(row["tensor_core_us"], row["kernel_us"]),
-             "matrix_us": _us(row["matrix_us"]), "kernel_count": int(row["kernel_count"])}
-            for op, row in sums.iterrows()]
+    by_op: dict[str, list[KernelGroup]] = {}
+    for group in groups:
+        by_op.setdefault(group.cpu_op, []).append(group)
+    totals = {op: _sum_us(members) for op, members in by_op.items()}
+    rows = []
+    for op in _largest_first(totals):
+        members = by_op[op]
+        tc_us = _sum_us(g for g in members if g.tensor_core == "yes")
+        rows.append({"cpu_op": op, "kernel_us": _us(totals[op]), "tensor_core_us": _us(tc_us),
+                     "tensor_core_share": _share(tc_us, totals[op]),
+                     "matrix_us": _us(_sum_us(g for g in members if g.is_matrix)),
+                     "kernel_count": sum(g.count for g in members)})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -732,33 +794,34 @@ _VOLTA_OR_NEWER_KERNELS = re.compile(
 _SMALL_SHAPE_KERNELS = re.compile(r"gemv|gemmsn|gemmk1|dot_kernel", re.IGNORECASE)
 
 
-def _has_tensor_core_hardware(capability: float | None, table: pd.DataFrame) -> bool | None:
+def _has_tensor_core_hardware(capability: float | None, groups: list[KernelGroup]
+                              ) -> bool | None:
     """True/False from the compute capability; without one, from which kernel builds ran;
     None when nothing says."""
     if capability is not None:
         return capability >= 7.0
-    names = table["name"]
-    if (table["tensor_core"] == "yes").any() or names.str.contains(_VOLTA_OR_NEWER_KERNELS).any():
+    if any(g.tensor_core == "yes" or _VOLTA_OR_NEWER_KERNELS.search(g.name) for g in groups):
         return True
-    if names.str.contains(_PRE_VOLTA_KERNELS).any():
+    if any(_PRE_VOLTA_KERNELS.search(g.name) for g in groups):
         return False
     return None
 
 
-def _mixed_precision_run(table: pd.DataFrame) -> bool:
+def _mixed_precision_run(groups: list[KernelGroup]) -> bool:
     """fp16/bf16/fp8 kernels anywhere: the run used autocast or low-precision tensors."""
-    return bool(table["dtype"].isin(("fp16", "bf16", "fp8", "fp4")).any())
+    return any(g.dtype in ("fp16", "bf16", "fp8", "fp4") for g in groups)
 
 
-def _likely_causes(kernels: pd.DataFrame, capability: float | None, has_hardware: bool | None,
-                   mixed_precision: bool, device: str | None) -> list[str]:
+def _likely_causes(kernels: list[KernelGroup], capability: float | None,
+                   has_hardware: bool | None, mixed_precision: bool, device: str | None
+                   ) -> list[str]:
     """Why these non-Tensor-Core matrix kernels (one op's) did not use Tensor Cores."""
     if has_hardware is False:
         where = f" ({device})" if device else (
             " (judged from the Maxwell/Pascal kernel builds; the trace names no GPU)")
         return [f"{CAUSE_NO_HARDWARE}{where}: Tensor Cores start with Volta (sm70)"]
     causes: list[str] = []
-    dtypes = set(kernels["dtype"].dropna())
+    dtypes = {g.dtype for g in kernels if g.dtype}
     if "fp32" in dtypes:
         if mixed_precision:
             causes.append(CAUSE_FP32_IN_AMP)
@@ -766,7 +829,7 @@ def _likely_causes(kernels: pd.DataFrame, capability: float | None, has_hardware
             causes.append(CAUSE_FP32_PRE_AMPERE)
         elif not mixed_precision:
             causes.append(CAUSE_FP32_NO_TF32)
-    if kernels["name"].str.contains(_SMALL_SHAPE_KERNELS).any():
+    if any(_SMALL_SHAPE_KERNELS.search(g.name) for g in kernels):
         causes.append(CAUSE_SMALL_SHAPES)
     if "bf16" in dtypes and capability is not None and capability < 8.0:
         causes.append(CAUSE_BF16_EMULATED)
@@ -779,32 +842,29 @@ def _likely_causes(kernels: pd.DataFrame, capability: float | None, has_hardware
     return causes or [CAUSE_OTHER]
 
 
-def could_have_didnt(table: pd.DataFrame, device: str | None = None,
+def could_have_didnt(groups: list[KernelGroup], device: str | None = None,
                      capability: str | None = None, limit: int = TOP_OPS_WITHOUT_TC
                      ) -> list[dict]:
     """CPU ops whose matrix kernels (gemm/conv/attention) ran without Tensor Cores, largest
     first, each with the kernels as evidence and likely causes."""
-    if table.empty:
+    no_tc = [g for g in groups if g.is_matrix and g.tensor_core == "no" and g.us > 0]
+    if not no_tc:
         return []
     capability_number = _capability_number(capability)
-    has_hardware = _has_tensor_core_hardware(capability_number, table)
-    mixed_precision = _mixed_precision_run(table)
-    ops = _op_frame(table)
-    no_tc = table[ops["matrix_no_tc_us"] > 0]
-    if no_tc.empty:
-        return []
-    totals = ops.groupby("cpu_op")[["matrix_us", "matrix_no_tc_us"]].sum()
+    has_hardware = _has_tensor_core_hardware(capability_number, groups)
+    mixed_precision = _mixed_precision_run(groups)
+    matrix_us = _totals([g for g in groups if g.is_matrix], lambda g: g.cpu_op)
     entries = []
-    for op, kernels in no_tc.groupby(ops["cpu_op"][no_tc.index]):
-        by_name = kernels.groupby("name")["dur_us"].sum().sort_values(ascending=False)
-        matrix_us, no_tc_us = totals.loc[op, "matrix_us"], totals.loc[op, "matrix_no_tc_us"]
+    for op in sorted({g.cpu_op for g in no_tc}):
+        kernels = [g for g in no_tc if g.cpu_op == op]
+        no_tc_us = _sum_us(kernels)
         entries.append({
             "cpu_op": op,
-            "matrix_us": _us(matrix_us),
+            "matrix_us": _us(matrix_us[op]),
             "without_tensor_core_us": _us(no_tc_us),
-            "without_tensor_core_share": _share(no_tc_us, matrix_us),
-            "dtypes": sorted(set(kernels["dtype"].dropna())),
-            "kernels": list(by_name.index[:3]),
+            "without_tensor_core_share": _share(no_tc_us, matrix_us[op]),
+            "dtypes": sorted({g.dtype for g in kernels if g.dtype}),
+            "kernels": _top_names(kernels),
             "likely_causes": _likely_causes(kernels, capability_number, has_hardware,
                                             mixed_precision, device),
         })
@@ -815,15 +875,13 @@ def could_have_didnt(table: pd.DataFrame, device: str | None = None,
 # ---------------------------------------------------------------------------------------
 # verdict
 
-def _top_names(rows: pd.DataFrame, count: int = 3) -> list[str]:
-    return list(rows.groupby("name")["dur_us"].sum().sort_values(ascending=False)
-                .index[:count])
+def _top_names(groups: list[KernelGroup], count: int = 3) -> list[str]:
+    return _largest_first(_totals(groups, lambda g: g.name))[:count]
 
 
-def _dtype_words(rows: pd.DataFrame) -> str:
+def _dtype_words(groups: list[KernelGroup]) -> str:
     """"bf16" or "tf32/fp32": dtypes by time, largest first."""
-    by_dtype = rows.groupby(rows["dtype"].fillna("unknown-dtype"))["dur_us"].sum()
-    return "/".join(by_dtype.sort_values(ascending=False).index[:2])
+    return "/".join(_largest_first(_totals(groups, lambda g: g.dtype or "unknown-dtype"))[:2])
 
 
 @dataclass(frozen=True)
@@ -839,27 +897,27 @@ _NVIDIA_WORDS = _UnitWords("Tensor Cores", "tensor-core kernels", "on CUDA cores
 _AMD_WORDS = _UnitWords("Matrix Cores (AMD MFMA)", "matrix-core kernels", "on the vector ALUs")
 
 
-def _verdict(table: pd.DataFrame, device: str | None, capability: str | None,
+def _verdict(groups: list[KernelGroup], device: str | None, capability: str | None,
              vendor: str | None = None) -> dict:
     words = _AMD_WORDS if vendor == "amd" else _NVIDIA_WORDS
-    if table.empty:
+    if not groups:
         return {"tensor_cores": "unknown", "evidence": [],
                 "headline": "No GPU kernels in this trace: a CPU-only run, or the profiler "
                             "(CUPTI) recorded no GPU activity"}
-    matrix = table[table["category"].isin(MATRIX_CATEGORIES)]
-    if matrix.empty:
+    matrix = [g for g in groups if g.is_matrix]
+    if not matrix:
         return {"tensor_cores": "unknown", "evidence": [],
                 "headline": f"{words.unit}: unknown, no GEMM/conv/attention kernels in this trace"}
-    matrix_us = float(matrix["dur_us"].sum())
+    matrix_us = _sum_us(matrix)
     if matrix_us <= 0:
         return {"tensor_cores": "unknown", "evidence": _top_names(matrix),
                 "headline": f"{words.unit}: unknown, the matrix kernels have no duration"}
-    yes_rows = matrix[matrix["tensor_core"] == "yes"]
-    no_rows = matrix[matrix["tensor_core"] == "no"]
-    unknown_rows = matrix[matrix["tensor_core"] == "unknown"]
-    yes_share = float(yes_rows["dur_us"].sum()) / matrix_us
-    no_share = float(no_rows["dur_us"].sum()) / matrix_us
-    unknown_share = float(unknown_rows["dur_us"].sum()) / matrix_us
+    yes_rows = [g for g in matrix if g.tensor_core == "yes"]
+    no_rows = [g for g in matrix if g.tensor_core == "no"]
+    unknown_rows = [g for g in matrix if g.tensor_core == "unknown"]
+    yes_share = _sum_us(yes_rows) / matrix_us
+    no_share = _sum_us(no_rows) / matrix_us
+    unknown_share = _sum_us(unknown_rows) / matrix_us
     if unknown_share > yes_share + no_share:
         why = ("kernels whose names do not say (e.g. Triton)" if vendor != "amd" else
                "kernels whose names do not say; matrix-core verdicts on AMD are read from "
@@ -872,17 +930,17 @@ def _verdict(table: pd.DataFrame, device: str | None, capability: str | None,
                 "headline": f"{words.unit}: yes, {share_text(yes_share)} of matrix time in "
                             f"{_dtype_words(yes_rows)} {words.kernels}"}
     elsewhere = ""
-    if not no_rows.empty:
+    if no_rows:
         example = _short_kernel_name(_top_names(no_rows, 1)[0])
         elsewhere = f"{words.elsewhere} ({_dtype_words(no_rows)}, e.g. {example})"
     if yes_share > 0:
-        rest = (f"{share_text(no_share)} {elsewhere}" if not no_rows.empty else
+        rest = (f"{share_text(no_share)} {elsewhere}" if no_rows else
                 f"{share_text(unknown_share)} in kernels whose names do not say")
         return {"tensor_cores": "partly",
                 "evidence": _top_names(yes_rows, 2) + _top_names(no_rows, 2),
                 "headline": f"{words.unit}: partly, {share_text(yes_share)} of matrix time in "
                             f"{_dtype_words(yes_rows)} {words.kernels}; {rest}"}
-    hardware = _has_tensor_core_hardware(_capability_number(capability), table)
+    hardware = _has_tensor_core_hardware(_capability_number(capability), groups)
     why = f"; {device or 'this GPU'} has no Tensor Cores" if hardware is False else ""
     return {"tensor_cores": "no", "evidence": _top_names(no_rows),
             "headline": f"{words.unit}: no, {share_text(no_share)} of matrix time {elsewhere}{why}"}
@@ -915,17 +973,10 @@ def analyze_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> dict:
 
 
 def kernel_summary_rows(table: pd.DataFrame) -> list[dict]:
-    """One row per (kernel name, CPU op) with summed time: the store's kernels table rows."""
-    if table.empty:
-        return []
-    grouped = (table.assign(cpu_op=table["cpu_op"].fillna(UNATTRIBUTED_OP))
-               .groupby(["name", "cpu_op"], sort=False)
-               .agg(total_us=("dur_us", "sum"), count=("dur_us", "size"),
-                    category=("category", "first"), tensor_core=("tensor_core", "first"),
-                    dtype=("dtype", "first"), reason=("reason", "first"))
-               .sort_values("total_us", ascending=False, kind="stable"))
-    return [{"name": name, "cpu_op": op, "total_us": _us(row["total_us"]),
-             "count": int(row["count"]),
-             "category": row["category"], "tensor_core": row["tensor_core"],
-             "dtype": _none_if_na(row["dtype"]), "reason": row["reason"]}
-            for (name, op), row in grouped.iterrows()]
+    """One row per (kernel name, CPU op) with summed time, largest first (ties: first to
+    run): the store's kernels table rows."""
+    groups = kernel_groups(table)
+    groups.sort(key=lambda g: g.us, reverse=True)  # stable
+    return [{"name": g.name, "cpu_op": g.cpu_op, "total_us": _us(g.us), "count": g.count,
+             "category": g.category, "tensor_core": g.tensor_core, "dtype": g.dtype,
+             "reason": g.reason} for g in groups]

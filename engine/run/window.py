@@ -82,17 +82,12 @@ BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_lo
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     # pandas: only a GPU trace needs it, so a CPU trainer's start-up never pays for it
-    from engine.analysis.traces import (
-        breakdown,
-        kernel_summary_rows,
-        load_kernel_table,
-        trace_device,
-    )
+    from engine.analysis.traces import breakdown, kernel_summary_rows, load_kernel_table
 
     table = load_kernel_table(trace_path)
     if table.empty:
         return {"profile_error": NO_KERNELS_ERROR}
-    result = breakdown(table, device=trace_device(trace_path))
+    result = breakdown(table)  # the device named in the trace (table.attrs)
     store.write_kernels(run_id, kernel_summary_rows(table))
     keep = ("total_kernel_us", "tensor_core_us", "tensor_core_share", "matrix_us",
             "matrix_tensor_core_share", "categories", "verdict", "could_have_didnt")
