@@ -11,10 +11,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from engine.analysis.accounting import part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.analysis.explain import analyze as analyze_trace_file
 from engine.analysis.explain import explain_diff
-from engine.analysis.traces import short_kernel_name
+from engine.analysis.traces import share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, status_badge
@@ -90,13 +91,13 @@ def _ms(us) -> str:
 
 
 def _pct(share) -> str:
-    return "n/a" if share is None else f"{100 * share:.1f} %"
+    return "n/a" if share is None else share_text(share, 1)
 
 
 def parts_table(accounting: dict, key: str) -> None:
-    step_us = accounting.get("step_time_us") or 0
+    shares = part_shares(accounting)
     rows = [{"part": part, "time_ms_per_step": round(us / 1000, 3),
-             "share_of_step": _pct(us / step_us if step_us else None)}
+             "share_of_step": _pct(shares.get(part))}
             for part, us in (accounting.get("parts_per_step_us") or {}).items() if us]
     st.dataframe(pd.DataFrame(rows), hide_index=True, key=key)
 
@@ -118,12 +119,37 @@ def gpu_accounting(accounting: dict) -> None:
     parts_table(accounting, "gpu_parts")
     if accounting.get("steps"):
         st.caption("Per profiler step")
-        st.dataframe(pd.DataFrame(accounting["steps"]), hide_index=True, key="gpu_steps")
+        st.dataframe(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
+                     hide_index=True, key="gpu_steps")
     st.caption("Per stream")
-    st.dataframe(pd.DataFrame(accounting["streams"]), hide_index=True, key="gpu_streams")
+    st.dataframe(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
+                 hide_index=True, key="gpu_streams")
     if accounting.get("copies"):
         st.caption("Copies by direction")
-        st.dataframe(pd.DataFrame(accounting["copies"]), hide_index=True, key="gpu_copies")
+        st.dataframe(pd.DataFrame([_copy_row(row) for row in accounting["copies"]]),
+                     hide_index=True, key="gpu_copies")
+
+
+# The same columns, units and share wording as `python -m engine kernels TRACE`.
+def _step_row(row: dict) -> dict:
+    return {"step": row["step"], "time_ms": row["step_time_us"] / 1000,
+            "busy_ms": row["busy_us"] / 1000, "idle": _pct(row["idle_share"]),
+            "communication_ms": row["communication_us"] / 1000,
+            "hidden_under_compute_ms": row["overlap_us"] / 1000,
+            "copy_ms": row["copy_us"] / 1000}
+
+
+def _stream_row(row: dict) -> dict:
+    return {"stream": str(row["stream"]), "kernels": row["kernel_count"],
+            "kernel_ms": row["kernel_us"] / 1000,
+            "copy_ms": (row["memcpy_us"] + row["memset_us"]) / 1000,
+            "busy_ms": row["busy_us"] / 1000, "busy": _pct(row["busy_share"])}
+
+
+def _copy_row(row: dict) -> dict:
+    return {"direction": row["direction"], "count": row["count"],
+            "MB": None if row["bytes"] is None else row["bytes"] / 1e6,
+            "time_ms": row["us"] / 1000, "GB/s": row["gb_per_s"]}
 
 
 def category_chart(result: dict) -> None:
@@ -143,9 +169,9 @@ def gpu_report(result: dict) -> None:
     cols = st.columns(4)
     cols[0].metric("Kernel time (summed)", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
     share = result.get("tensor_core_share")
-    cols[1].metric("Tensor-Core share (all)", "n/a" if share is None else f"{100 * share:.1f} %")
+    cols[1].metric("Tensor-Core share (all)", _pct(share))
     mshare = result.get("matrix_tensor_core_share")
-    cols[2].metric("Tensor-Core share (matrix)", "n/a" if mshare is None else f"{100 * mshare:.1f} %",
+    cols[2].metric("Tensor-Core share (matrix)", _pct(mshare),
                    help="Of gemm + conv + attention kernel time")
     cols[3].metric("Device", result.get("device") or "unknown")
     category_chart(result)

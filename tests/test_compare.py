@@ -127,8 +127,8 @@ def test_findings_say_faster_slower_and_why_with_the_tables_numbers(store, three
     assert "40 % less memory" in bf16
     # A constant 1 % offset on the same batches is real, not noise.
     assert "final loss 1 % higher (worse) than fp32" in bf16
-    assert "85% of GPU kernel time on Tensor Cores" in bf16
-    assert "MFU 42.0%" in bf16
+    assert "85 % of GPU kernel time on Tensor Cores" in bf16
+    assert "MFU 42.0 %" in bf16
 
     fp16 = by_name["fp16-amp"]
     assert "4.0x slower than fp32" in fp16 and "faster" not in fp16

@@ -68,6 +68,14 @@ def test_kernels_json(capsys):
         summary["top_kernels"][0])
 
 
+def test_kernels_text_report_never_says_100_percent_beside_a_listed_op(capsys):
+    assert _run(["kernels", str(TRACES / "h100_qwen_tracelens.json.gz")]) == 0
+    out = capsys.readouterr().out
+    assert "Matrix ops that ran without Tensor Cores" in out
+    [line] = [line for line in out.splitlines() if line.startswith("Kernel time")]
+    assert line.endswith("(99.98 % of it on Tensor Cores)")
+
+
 def test_kernels_text_report(capsys):
     assert _run(["kernels", str(GP100)]) == 0
     out = capsys.readouterr().out

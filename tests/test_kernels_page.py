@@ -108,10 +108,22 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
     assert metrics["GPU busy"] == "157.500 ms" and metrics["GPU idle"] == "509.726 ms"
     assert metrics["Communication hidden under compute"] == "7.317 ms"
     frames = [df.value for df in at.dataframe]
-    steps = next(f for f in frames if "step_time_us" in f.columns)
+    steps = next(f for f in frames if "hidden_under_compute_ms" in f.columns)
     assert list(steps["step"]) == [4, 5, 6]
-    streams = next(f for f in frames if "stream" in f.columns and "busy_us" in f.columns)
-    assert list(streams["stream"]) == [7, 40]
+    streams = next(f for f in frames if "stream" in f.columns and "busy_ms" in f.columns)
+    assert list(streams["stream"]) == ["7", "40"]
+    # the shares read as the CLI prints them: one rounding, one formatter
+    from engine.analysis.explain import analyze
+    from engine.cli.kernels import format_breakdown
+
+    report = format_breakdown(analyze(TRACES / "a100_conv_nccl_hta.json.gz"))
+    parts = next(f for f in frames if "share_of_step" in f.columns)
+    for part, share in zip(parts["part"], parts["share_of_step"]):
+        assert any(line.split()[:1] == [part] and line.endswith(share)
+                   for line in report.splitlines()), (part, share)
+    assert all(str(v).endswith("%") for v in streams["busy"])
+    assert list(steps.columns) == ["step", "time_ms", "busy_ms", "idle", "communication_ms",
+                                   "hidden_under_compute_ms", "copy_ms"]  # no dict columns
     # evidence: short names in the list, the full (template) names on the expander
     short, full = at.code[0].value, at.code[1].value
     assert short and "(" not in short  # no argument lists in the list

@@ -45,7 +45,9 @@ def _us(value: float) -> float:
 
 
 def _share(part: float, whole: float) -> float | None:
-    return round(float(part) / float(whole), 4) if whole > 0 else None
+    # 8 decimals: 4 would store 0.00004 as 0 and 0.99996 as 1, and a page would then
+    # print "0 %" or "100 %" for a share that is neither
+    return round(float(part) / float(whole), 8) if whole > 0 else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -277,6 +279,9 @@ def _gpu_window_figures(items, lo: float, hi: float) -> dict:
             "exposed_communication_us": _us(swept["communication"] - swept["overlap"]),
             "copy_overlap_us": _us(swept["copy_overlap"]),
             "parts_us": {part: _us(us) for part, us in swept["parts"].items()},
+            # shares rounded once, here: a page or the CLI that divided the rounded times
+            # again could print 99.8 % next to an idle_share that reads 99.9 %
+            "parts_share": {part: _share(us, window_us) for part, us in swept["parts"].items()},
             "_gaps": swept["gaps"]}
 
 
@@ -436,6 +441,7 @@ def cpu_accounting(trace: ParsedTrace, step: int | None = None,
         "idle_share": _share(parts["idle"], window_us),
         "busy_share": _share(busy, window_us),
         "parts_us": {p: _us(us) for p, us in parts.items()},
+        "parts_share": {p: _share(us, window_us) for p, us in parts.items()},
         "parts_per_step_us": {p: _us(us / count) for p, us in parts.items()},
         "cast_us": _us(extra["cast_us"]), "cast_share": _share(extra["cast_us"], window_us),
         "ops": [{"cpu_op": name, "part": part, "self_us": _us(us), "count": n}
@@ -476,6 +482,15 @@ def _matrix_ops(top: list, cpu_evidence: dict | None) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 # public
 
+def part_shares(accounting: dict) -> dict[str, float | None]:
+    """{part: share of the window}: the stored "parts_share", or, for an accounting stored
+    before it existed, the same rounding applied to "parts_us"."""
+    if accounting.get("parts_share"):
+        return accounting["parts_share"]
+    window_us = accounting.get("window_us") or 0.0
+    return {part: _share(us, window_us) for part, us in (accounting.get("parts_us") or {}).items()}
+
+
 def time_accounting(trace: Any, step: int | None = None, cpu_evidence: dict | None = None
                     ) -> dict:
     """Where the window's time went. `trace`: a ParsedTrace, a path or a file object.
@@ -483,7 +498,8 @@ def time_accounting(trace: Any, step: int | None = None, cpu_evidence: dict | No
     `cpu_evidence`: a CPU run's summary["cpu_evidence"] (oneDNN primitives), optional.
 
     -> {"kind": "gpu" | "cpu", "window": {...}, "step_time_us", "window_us", "busy_us",
-        "idle_us", "idle_share", "parts_us" (adds up to window_us), "parts_per_step_us",
+        "idle_us", "idle_share", "parts_us" (adds up to window_us), "parts_share" (of the
+        window; "idle" equals idle_share), "parts_per_step_us",
         "steps" (per ProfilerStep table), ...}; GPU adds compute/communication/copy/overlap,
     "copies" (per direction) and "streams" tables; CPU adds "ops", "matrix_ops", "cast_us".
     """

@@ -17,6 +17,7 @@ import pandas as pd
 
 from engine.analysis.numerics import numerics_findings
 from engine.analysis.speedup import BOOTSTRAP_SEED, CONFIDENCE, MIN_ROUNDS
+from engine.analysis.traces import share_text
 from engine.config import Precision, RunConfig
 from engine.schema import FINISHED, STEADY, WARMUP, throughput_column, throughput_unit
 from engine.store import RunNotFound, RunRecord, Store
@@ -582,9 +583,9 @@ def _run_sentence(row: dict[str, Any], base: dict[str, Any], run: RunRecord | No
         parts.append(f"largest batch that fitted {row['max_batch_fit']} "
                      f"(vs {base['max_batch_fit']})")
     if row["tensor_core_share"] is not None:  # only where a kernel breakdown measured it
-        parts.append(f"{row['tensor_core_share']:.0%} of GPU kernel time on Tensor Cores")
+        parts.append(f"{share_text(row['tensor_core_share'])} of GPU kernel time on Tensor Cores")
     if row["mfu"] is not None:
-        parts.append(f"MFU {row['mfu']:.1%}")
+        parts.append(f"MFU {row['mfu'] * 100:.1f} %")
     text = f"{row['name']}: " + ", ".join(p for p in parts if p)
     text += _status_suffix(row) + _basis_suffix(row) + "."
     return text + _why_slower(row, run)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.analysis.accounting import CAST_OPS, PARTS, time_accounting
+from engine.analysis.accounting import CAST_OPS, PARTS, part_shares, time_accounting
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
 from engine.analysis.traces import ParsedTrace, breakdown, kernel_groups, load_trace, share_text
@@ -176,11 +176,12 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
         label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
     step_a_us, step_b_us = acc_a["step_time_us"] or 0.0, acc_b["step_time_us"] or 0.0
     rows = []
+    shares_a = part_shares(acc_a)  # the figures run A's own Kernels page shows
     for part in PARTS:
         a_us, b_us = acc_a["parts_per_step_us"][part], acc_b["parts_per_step_us"][part]
         rows.append({"part": part, "a_us": a_us, "b_us": b_us,
                      "speedup": round(a_us / b_us, 3) if b_us > 0 and a_us > 0 else None,
-                     "share_of_a": round(a_us / step_a_us, 4) if step_a_us else None,
+                     "share_of_a": shares_a.get(part) if step_a_us else None,
                      "saved_us": round(a_us - b_us, 3)})
     step_speedup = round(step_a_us / step_b_us, 3) if step_b_us else None
     names_a, names_b = _name_totals(parsed_a), _name_totals(parsed_b)
@@ -225,10 +226,10 @@ def parts_rows(diff: dict) -> list[dict]:
             continue
         rows.append({"part": part["part"], f"{diff['label_a']} (ms/step)": part["a_us"] / 1000,
                      f"{diff['label_b']} (ms/step)": part["b_us"] / 1000,
-                     "share of A's step": share_text(part["share_of_a"]),
+                     "share of A's step": share_text(part["share_of_a"], 1),
                      "speedup": f"{part['speedup']:.2f}x" if part["speedup"] else "n/a"})
     rows.append({"part": "step", f"{diff['label_a']} (ms/step)": diff["step_time_a_us"] / 1000,
                  f"{diff['label_b']} (ms/step)": diff["step_time_b_us"] / 1000,
-                 "share of A's step": "100 %",
+                 "share of A's step": "100.0 %",
                  "speedup": f"{diff['step_speedup']:.2f}x" if diff["step_speedup"] else "n/a"})
     return rows

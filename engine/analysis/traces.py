@@ -565,7 +565,9 @@ def _us(value: float) -> float:
 
 
 def _share(part: float, whole: float) -> float | None:
-    return round(float(part) / float(whole), 4) if whole > 0 else None
+    # 8 decimals: 4 would store 0.00004 as 0 and 0.99996 as 1, and a page would then
+    # print "0 %" or "100 %" for a share that is neither
+    return round(float(part) / float(whole), 8) if whole > 0 else None
 
 
 def _short_kernel_name(name: str, limit: int = 60) -> str:
@@ -946,20 +948,20 @@ def _verdict(groups: list[KernelGroup], device: str | None, capability: str | No
             "headline": f"{words.unit}: no, {share_text(no_share)} of matrix time {elsewhere}{why}"}
 
 
-def share_text(share: float) -> str:
-    """A share as a whole percentage, except that it never reads "100 %" or "0 %" when it
-    is not exactly that: 0.99978 -> "99.98 %", 0.0002 -> "0.02 %", 0.9999999 ->
-    "all but 0.0001 %". A verdict that says 100 % next to a listed fp32 matmul would be
-    wrong."""
+def share_text(share: float, digits: int = 0) -> str:
+    """A share as a percentage with `digits` decimals (sentences: 0, tables: 1), except that
+    it never reads "100 %" or "0 %" when it is not exactly that: 0.99978 -> "99.98 %",
+    0.0002 -> "0.02 %", 0.9999999 -> "> 99.9999 %". A verdict or a table that says
+    100 % next to a listed fp32 matmul would be wrong. Every surface formats shares here."""
     if share >= 1.0 or share <= 0.0:
-        return f"{share * 100:.0f} %"
-    for digits in range(0, 5):
-        text = f"{share * 100:.{digits}f}"
+        return f"{share * 100:.{digits}f} %"
+    for places in range(digits, max(digits, 4) + 1):
+        text = f"{share * 100:.{places}f}"
         if float(text) not in (0.0, 100.0):
             return f"{text} %"
     if share > 0.5:
-        return "all but 0.0001 %"
-    return "under 0.0001 %"
+        return "> 99.9999 %"
+    return "< 0.0001 %"
 
 
 # ---------------------------------------------------------------------------------------

@@ -115,7 +115,10 @@ def _ms(us: float | None) -> str:
 
 
 def _pct(share: float | None) -> str:
-    return "n/a" if share is None else f"{share * 100:.1f} %"
+    # late: traces imports pandas; by the time a report is formatted it is loaded
+    from engine.analysis.traces import share_text
+
+    return "n/a" if share is None else share_text(share, 1)
 
 
 def _clip(text: str, width: int) -> str:
@@ -202,11 +205,14 @@ def format_gpu_accounting(accounting: dict) -> list[str]:
 
 
 def _parts_lines(accounting: dict) -> list[str]:
-    step_us = accounting.get("step_time_us") or 0.0
+    # late: accounting imports pandas (via traces); loaded by the time a report is formatted
+    from engine.analysis.accounting import part_shares
+
+    shares = part_shares(accounting)
     lines = [f"  {'part':<15}{'time_ms':>10}{'share':>10}"]
     for part, us in accounting["parts_per_step_us"].items():
         if us > 0:
-            lines.append(f"  {part:<15}{_ms(us):>10}{_pct(us / step_us if step_us else None):>10}")
+            lines.append(f"  {part:<15}{_ms(us):>10}{_pct(shares.get(part)):>10}")
     return lines
 
 

@@ -32,6 +32,7 @@ from engine.analysis.compare import (
     summary_table,
 )
 from engine.analysis.explain import explain_runs, parts_rows
+from engine.analysis.traces import share_text
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
 
@@ -240,7 +241,7 @@ _SUMMARY_COLUMNS = [
     ("peak_mem_bytes", "peak memory (MiB)", "mib"), ("mem_saved_pct", "memory saved (%)", "{:+.1f}"),
     ("final_loss", "final loss", "{:.4f}"), ("final_loss_diff_pct", "final loss diff (%)", "{:+.2f}"),
     ("loss_tolerance_pct", "loss tolerance (±%)", "{:.2g}"), ("max_batch_fit", "max batch fit", "{:d}"),
-    ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "{:.0%}"),
+    ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "share"),
     ("mfu", "MFU", "{:.1%}"), ("steady_basis", "timing basis", None),
 ]
 
@@ -269,6 +270,8 @@ def _fmt_cell(value: Any, fmt: str | None) -> str:
         return str(value)
     if fmt == "mib":
         return f"{value / 2**20:,.1f}"
+    if fmt == "share":  # never "100 %" while some of it ran elsewhere
+        return share_text(value)
     if fmt == "{:d}":
         return str(int(value))
     return fmt.format(value)
