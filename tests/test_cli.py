@@ -213,3 +213,25 @@ def test_invalid_input_exits_2_with_one_line_naming_the_field(invalid_results, a
         assert "'abc': expected a whole number, e.g. 2" in lines[0], lines[0]
     if (home / "precision_lab.sqlite3").exists():
         assert Store(home).list_runs() == [], "invalid input must not create a run"
+
+
+def test_every_command_prints_its_help():
+    """`python -m engine COMMAND --help` for every command (a field docstring with "95 %"
+    once crashed argparse's %-formatting of `run --help`)."""
+    import argparse
+    import contextlib
+    import io
+
+    from engine.cli.main import build_parser
+
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {"run", "launch", "speedup", "maxbatch", "kernels"} <= set(commands.choices)
+    for name, sub in commands.choices.items():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+            sub.parse_args(["--help"])
+        assert stop.value.code == 0, name
+        assert "usage:" in out.getvalue(), name
+    run_help = commands.choices["run"].format_help()
+    assert "95 % interval" in run_help  # the docstring as written, "%%" unescaped

@@ -107,7 +107,8 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     """One option per RunConfig field, generated so the CLI never lags the config."""
     for fld in dataclasses.fields(RunConfig):
         flag = flag_for(fld.name)
-        help_text = field_doc(fld.name)
+        # argparse %-formats help strings: a docstring's "95 % interval" would crash --help
+        help_text = field_doc(fld.name).replace("%", "%%")
         if fld.name in _ENUM_CHOICES:
             help_text += f" Choices: {', '.join(choices(_ENUM_CHOICES[fld.name]))}."
         if isinstance(fld.default, bool):
