@@ -106,16 +106,24 @@ def gpu_accounting(accounting: dict) -> None:
     st.subheader("Where the step's time went")
     window = accounting["window"]
     st.caption(f"Window {_ms(accounting['window_us'])} ({window['source']}, "
-               f"{window['step_count']} step(s) of {_ms(accounting['step_time_us'])}). Busy = "
-               "any kernel, memcpy or memset running on any stream (the union, not the sum).")
-    cols = st.columns(4)
-    cols[0].metric("GPU busy", _ms(accounting["busy_us"]), _pct(accounting["busy_share"]),
-                   delta_color="off")
-    cols[1].metric("GPU idle", _ms(accounting["idle_us"]), _pct(accounting["idle_share"]),
-                   delta_color="off")
-    cols[2].metric("Copies (memcpy/memset)", _ms(accounting["copy_us"]))
-    cols[3].metric("Communication hidden under compute", _ms(accounting["overlap_us"]),
-                   help=f"of {_ms(accounting['communication_us'])} communication")
+               f"{window['step_count']} step(s) of {_ms(accounting['step_time_us'])}): the GPU "
+               f"was busy {_pct(accounting['busy_share'])} of it and idle "
+               f"{_pct(accounting['idle_share'])}. Busy = any kernel, memcpy or memset running "
+               "on any stream (the union, not the sum).")
+    if window["source"] != "profiler steps":
+        st.caption("The trace has no ProfilerStep#N markers, so the window runs from its first "
+                   "to its last event and counts as one step: record the trace with "
+                   "torch.profiler's schedule (prof.step() each step) for per-step figures.")
+    for row in ((("GPU busy", _ms(accounting["busy_us"]), None),
+                 ("GPU idle", _ms(accounting["idle_us"]), None)),
+                (("Copy-engine transfers (memcpy/memset)", _ms(accounting["copy_us"]),
+                  "The whole window's copy-engine time; the parts table's 'copies' is per "
+                  "step and also counts copy kernels (dtype casts, .contiguous())"),
+                 ("Communication hidden under compute", _ms(accounting["overlap_us"]),
+                  f"of {_ms(accounting['communication_us'])} communication"))):
+        for column, (label, value, help_text) in zip(st.columns(2), row):
+            column.metric(label, value, help=help_text)
+    st.caption("Per step, by part (they add up to the step; idle = nothing running on the GPU)")
     parts_table(accounting, "gpu_parts")
     if accounting.get("steps"):
         st.caption("Per profiler step")
@@ -152,6 +160,27 @@ def _copy_row(row: dict) -> dict:
             "time_ms": row["us"] / 1000, "GB/s": row["gb_per_s"]}
 
 
+# Key columns first (what, how long, on Tensor Cores?), the full kernel name last.
+def _kernel_row(row: dict) -> dict:
+    return {"kernel": short_kernel_name(row["name"]), "time_ms": row["total_us"] / 1000,
+            "count": row["count"], "tensor_core": row["tensor_core"], "dtype": row["dtype"],
+            "category": row["category"], "why": row["reason"], "name": row["name"]}
+
+
+def _could_row(row: dict) -> dict:
+    return {"cpu_op": row["cpu_op"], "likely_causes": "; ".join(row["likely_causes"]),
+            "without_tensor_cores_ms": row["without_tensor_core_us"] / 1000,
+            "share_of_its_matrix_time": _pct(row["without_tensor_core_share"]),
+            "dtypes": ", ".join(row["dtypes"]),
+            "kernels": ", ".join(short_kernel_name(name) for name in row["kernels"])}
+
+
+def _op_row(row: dict) -> dict:
+    return {"cpu_op": row["cpu_op"], "kernel_ms": row["kernel_us"] / 1000,
+            "on_tensor_cores": _pct(row["tensor_core_share"]),
+            "matrix_ms": row["matrix_us"] / 1000, "kernels": row["kernel_count"]}
+
+
 def category_chart(result: dict) -> None:
     categories = {k: v for k, v in (result.get("categories") or {}).items() if v}
     if not categories:
@@ -166,29 +195,34 @@ def category_chart(result: dict) -> None:
 def gpu_report(result: dict) -> None:
     defects_warning(result)
     verdict_banner(result)
-    cols = st.columns(4)
+    cols = st.columns(3)
     cols[0].metric("Kernel time (summed)", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
-    share = result.get("tensor_core_share")
-    cols[1].metric("Tensor-Core share (all)", _pct(share))
-    mshare = result.get("matrix_tensor_core_share")
-    cols[2].metric("Tensor-Core share (matrix)", _pct(mshare),
-                   help="Of gemm + conv + attention kernel time")
-    cols[3].metric("Device", result.get("device") or "unknown")
+    cols[1].metric("On Tensor Cores (all)", _pct(result.get("tensor_core_share")),
+                   help="Share of all kernel time in Tensor-Core kernels")
+    cols[2].metric("On Tensor Cores (matrix)", _pct(result.get("matrix_tensor_core_share")),
+                   help="Share of gemm + conv + attention kernel time in Tensor-Core kernels")
+    capability = result.get("compute_capability")
+    device = result.get("device") or "unknown GPU"
+    device += f" (compute capability {capability})" if capability else (
+        f" (AMD {result['arch']})" if result.get("arch") else "")
+    scope = result.get("breakdown_scope") or "every kernel in the trace"
+    st.caption(f"{device}. Kernel time, Tensor-Core shares, categories and the tables below "
+               f"cover {scope}.")
     category_chart(result)
     st.subheader("Top kernels")
-    top = pd.DataFrame(result.get("top_kernels") or [])
-    if not top.empty:
-        top.insert(0, "kernel", [short_kernel_name(name) for name in top["name"]])
-    st.dataframe(top, hide_index=True, key="top_kernels")
+    st.dataframe(pd.DataFrame([_kernel_row(row) for row in result.get("top_kernels") or []]),
+                 hide_index=True, key="top_kernels")
     could = result.get("could_have_didnt") or []
     st.subheader("Could have, didn't")
     if could:
         st.caption("Matrix ops whose kernels ran without Tensor Cores, with the likely cause.")
-        st.dataframe(pd.DataFrame(could), hide_index=True, key="could_have")
+        st.dataframe(pd.DataFrame([_could_row(row) for row in could]), hide_index=True,
+                     key="could_have")
     else:
         st.caption("No matrix op ran without Tensor Cores in this window.")
     with st.expander("Per CPU op"):
-        st.dataframe(pd.DataFrame(result.get("per_op") or []), hide_index=True, key="per_op")
+        st.dataframe(pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
+                     hide_index=True, key="per_op")
     if (result.get("accounting") or {}).get("kind") == "gpu":
         gpu_accounting(result["accounting"])
 

@@ -121,3 +121,15 @@ def test_python_m_engine_kernels_json_and_missing_file(tmp_path):
     result = _engine("kernels", str(missing))
     assert result.returncode == 2
     assert str(missing) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kernels_step_narrows_the_tensor_core_breakdown_too(capsys):
+    """--step N: the accounting and the kernel figures cover the same 900 kernels."""
+    assert _run(["kernels", str(TRACES / "a100_conv_nccl_hta.json.gz"), "--step", "5",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kernel_count"] == summary["accounting"]["kernel_count"] == 900
+    assert summary["total_kernel_us"] == summary["accounting"]["kernel_us"]
+    assert summary["breakdown_scope"] == "the kernels of ProfilerStep#5"
+    assert _run(["kernels", str(TRACES / "a100_conv_nccl_hta.json.gz")]) == 0
+    assert "in 2,700 kernels (every kernel in the trace)" in capsys.readouterr().out

@@ -68,7 +68,11 @@ def test_pascal_run_says_no_tensor_cores_and_why(store):
     assert at.error and "Tensor Cores: no" in at.error[0].value
     assert "GP100 has no Tensor Cores" in at.error[0].value
     could = at.dataframe[1].value
-    assert any("no Tensor Core hardware" in " ".join(causes) for causes in could["likely_causes"])
+    assert list(could.columns[:2]) == ["cpu_op", "likely_causes"]  # the cause on screen
+    assert any("no Tensor Core hardware" in causes for causes in could["likely_causes"])
+    assert all(share.endswith("%") for share in could["share_of_its_matrix_time"])
+    top = at.dataframe[0].value
+    assert list(top.columns[:4]) == ["kernel", "time_ms", "count", "tensor_core"]
 
 
 def test_cuda_run_without_kernel_events_is_an_error(store, tmp_path):
@@ -164,5 +168,8 @@ def test_one_profiler_step_can_be_picked_and_the_figures_follow(store):
     assert one["GPU busy"] != whole["GPU busy"]
     busy_ms = float(one["GPU busy"].split()[0])
     assert 0 < busy_ms < float(whole["GPU busy"].split()[0])
+    # the Tensor-Core breakdown follows the step too, and says which kernels it covers
+    assert one["Kernel time (summed)"] == "50.73 ms" != whole["Kernel time (summed)"]
+    assert any("cover the kernels of ProfilerStep#5" in c.value for c in at.caption)
     at.selectbox(key="kernels_step").set_value(None).run()
     assert {m.label: m.value for m in at.metric} == whole

@@ -256,6 +256,17 @@ def _sync_calls(trace: ParsedTrace, lo: float, hi: float) -> tuple[int, float]:
     return count, total
 
 
+def step_kernel_table(trace: ParsedTrace, step: int):
+    """The kernels that started in ProfilerStep#`step` (the ones its accounting counts),
+    with the table's attrs: the Tensor-Core breakdown of that step alone."""
+    window = _window(trace, step)
+    table = trace.table
+    inside = table[(table["ts_us"] >= window["start_us"]) & (table["ts_us"] < window["end_us"])]
+    inside = inside.reset_index(drop=True)
+    inside.attrs = dict(table.attrs)
+    return inside
+
+
 def _kernel_figures(trace: ParsedTrace, lo: float, hi: float) -> dict:
     table = trace.table
     if table.empty:

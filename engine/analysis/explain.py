@@ -13,7 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.analysis.accounting import CAST_OPS, PARTS, part_shares, time_accounting
+from engine.analysis.accounting import (
+    CAST_OPS,
+    PARTS,
+    part_shares,
+    step_kernel_table,
+    time_accounting,
+)
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
 from engine.analysis.traces import ParsedTrace, breakdown, kernel_groups, load_trace, share_text
@@ -35,10 +41,16 @@ def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = No
     """Everything `python -m engine kernels TRACE --json` prints: traces.breakdown's keys
     plus "accounting" (time_accounting), "bound_by" (bound.bound_by), "banner"
     ({"headline", "tone", "sentence", "advice"}), the flat figures "busy_us", "idle_us",
-    "idle_share", "copy_us", "overlap_us", "streams", "steps", and "trace_defects"."""
+    "idle_share", "copy_us", "overlap_us", "streams", "steps", "trace_defects", and
+    "breakdown_scope" (which kernels the Tensor-Core figures cover: every kernel in the
+    trace, or those of the chosen step)."""
     parsed = _parsed(trace)
-    result = {"source": parsed.source, **breakdown(parsed.table)}
     accounting = time_accounting(parsed, step=step, cpu_evidence=cpu_evidence)
+    if step is None or not parsed.is_gpu:
+        table, scope = parsed.table, "every kernel in the trace"
+    else:
+        table, scope = step_kernel_table(parsed, step), f"the kernels of ProfilerStep#{step}"
+    result = {"source": parsed.source, **breakdown(table), "breakdown_scope": scope}
     verdict = bound_by(accounting, data_wait_ms=data_wait_ms)
     defects = dict(parsed.defects)
     result.update(

@@ -144,7 +144,8 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
     if accounting:
         lines += [""] + format_gpu_accounting(accounting)
     lines.append(
-        f"Kernel time {_ms(summary['total_kernel_us'])} ms in {summary['kernel_count']:,} kernels;"
+        f"Kernel time {_ms(summary['total_kernel_us'])} ms in {summary['kernel_count']:,} kernels"
+        f"{_scope(summary)};"
         f" on Tensor Cores {_ms(summary['tensor_core_us'])} ms"
         f" ({_pct(summary['tensor_core_share'])});"
         f" matrix work {_ms(summary['matrix_us'])} ms"
@@ -169,6 +170,11 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
                          f"e.g. {_clip(entry['kernels'][0], 70)}")
             lines += [f"    - {cause}" for cause in entry["likely_causes"]]
     return "\n".join(lines) + "\n"
+
+
+def _scope(summary: dict) -> str:
+    scope = summary.get("breakdown_scope")
+    return f" ({scope})" if scope else ""
 
 
 def format_gpu_accounting(accounting: dict) -> list[str]:
