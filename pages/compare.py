@@ -247,6 +247,8 @@ for other in (r for r in runs if r.id != baseline):
         st.caption(f"{plain(names[other.id])}: {plain(diff['error'])}")
         continue
     st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}:** {plain(diff['sentence'])}")
+    for caveat in diff.get("caveats") or []:
+        (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
     st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")
     only = [*(("only in " + names[baseline], r) for r in diff["only_in_a"][:5]),
             *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]

@@ -14,7 +14,7 @@ import streamlit as st
 from engine.analysis.accounting import part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.analysis.explain import analyze as analyze_trace_file
-from engine.analysis.explain import explain_diff
+from engine.analysis.explain import explain_diff, explain_runs, only_in_rows, parts_rows
 from engine.analysis.traces import share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
@@ -38,6 +38,15 @@ def analyze(path: str, mtime_ns: int, cpu_evidence_json: str | None = None,
     return analyze_trace_file(path, cpu_evidence=evidence, step=step)
 
 
+def _upload_error(exc: Exception, saved: list[tuple[str, str]], what: str) -> str:
+    """The error named by the files the user chose, not this server's temporary paths, and
+    prefixed with what failed only when the message does not already name a file."""
+    message = str(exc)
+    for name, temporary in saved:
+        message = message.replace(temporary, name)
+    return message if any(name in message for name, _ in saved) else f"{what}: {message}"
+
+
 def step_choice(result: dict, key: str) -> int | None:
     """A trace with several ProfilerStep#N spans: pick one step, or the whole window."""
     steps = [row["step"] for row in (result.get("accounting") or {}).get("steps") or []]
@@ -48,10 +57,13 @@ def step_choice(result: dict, key: str) -> int | None:
                         else f"ProfilerStep#{n} only")
 
 
-@st.cache_data(show_spinner="Comparing the two traces...", max_entries=8)
-def compare(path_a: str, mtime_a: int, path_b: str, mtime_b: int, label_a: str,
-            label_b: str) -> dict:
-    return explain_diff(path_a, path_b, label_a=label_a, label_b=label_b)
+@st.cache_data(show_spinner="Comparing the two runs' windows...", max_entries=8)
+def compare_runs(home: str, run_a: str, run_b: str, ended_a: float | None,
+                 ended_b: float | None) -> dict | None:
+    """explain_runs (the Compare page's comparison, with its caveats), cached per pair of
+    runs as they ended (`home` and the end times are part of the key)."""
+    store = get_store()
+    return explain_runs(store, store.get_run(run_a), store.get_run(run_b))
 
 
 _SHOW = {"success": st.success, "warning": st.warning, "error": st.error, "info": st.info}
@@ -246,15 +258,28 @@ def cpu_accounting(result: dict) -> None:
     st.dataframe(pd.DataFrame(accounting["ops"]), hide_index=True, key="cpu_ops")
 
 
-def diff_report(diff: dict) -> None:
+def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
+    """Why B against A: the Amdahl sentence, what to keep in mind, the steps, the parts
+    table (the Compare page's and the report's rows), what bounds each, one-sided kernels."""
     st.subheader(f"Why B ({diff['label_b']}) against A ({diff['label_a']})")
+    if files:
+        st.caption(f"A: {files[0]} · B: {files[1]}")
     st.info(plain(diff["sentence"]))
-    st.dataframe(pd.DataFrame(diff["parts"]), hide_index=True, key="diff_parts")
+    for caveat in diff.get("caveats") or []:
+        (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
+    cols = st.columns(3)
+    cols[0].metric(f"Step, A ({diff['label_a']})", _ms(diff["step_time_a_us"]))
+    cols[1].metric(f"Step, B ({diff['label_b']})", _ms(diff["step_time_b_us"]))
+    speedup = diff.get("step_speedup")
+    cols[2].metric("B against A", f"{speedup:.2f}x" if speedup else "n/a",
+                   help="A's step time over B's: above 1, B is faster")
+    st.dataframe(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts")
+    st.caption(f"A is {diff['bound_by_a']['label']}; B is {diff['bound_by_b']['label']}.")
     for key, who in (("only_in_a", "A"), ("only_in_b", "B")):
         if diff[key]:
-            st.caption(f"Only in {who}")
-            rows = [{**row, "name": short_kernel_name(row["name"])} for row in diff[key]]
-            st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"diff_{key}")
+            st.caption(f"Only in {who} (kernels or ops the other run does not have)")
+            st.dataframe(pd.DataFrame(only_in_rows(diff[key])), hide_index=True,
+                         key=f"diff_{key}")
 
 
 def report(result: dict) -> None:
@@ -296,26 +321,26 @@ if source == "Upload a trace file":
     upload_b = st.file_uploader("Optional: a second trace (B) to compare with the first (A)",
                                 type=["json", "gz"], key="trace_upload_b")
     if upload is not None:
-        saved = {upload.name: _saved_upload(upload)}
+        saved = [(upload.name, _saved_upload(upload))]
         if upload_b is not None:
-            saved[upload_b.name] = _saved_upload(upload_b)
+            saved.append((upload_b.name, _saved_upload(upload_b)))
         try:
-            result = analyze_trace_file(saved[upload.name])
+            result = analyze_trace_file(saved[0][1])
             chosen_step = step_choice(result, "trace_upload_step")
             if chosen_step is not None:
-                result = analyze_trace_file(saved[upload.name], step=chosen_step)
+                result = analyze_trace_file(saved[0][1], step=chosen_step)
             report(result)
-            if upload_b is not None:
-                diff_report(explain_diff(saved[upload.name], saved[upload_b.name]))
         except (ValueError, OSError) as exc:
-            # Named by the files the user chose, not this server's temporary paths.
-            message = str(exc)
-            for name, temporary in saved.items():
-                message = message.replace(temporary, name)
-            st.error(f"Cannot read {plain(upload.name)}: {plain(message)}")
-        finally:
-            for temporary in saved.values():
-                Path(temporary).unlink(missing_ok=True)
+            st.error(plain(_upload_error(exc, saved, f"Cannot read {upload.name}")))
+            upload_b = None  # nothing to compare B with
+        if upload_b is not None:
+            try:
+                diff_report(explain_diff(saved[0][1], saved[1][1]),
+                            files=(upload.name, upload_b.name))
+            except (ValueError, OSError) as exc:
+                st.error(plain(_upload_error(exc, saved, f"Cannot compare with {upload_b.name}")))
+        for _name, temporary in saved:
+            Path(temporary).unlink(missing_ok=True)
     st.stop()
 
 if not runs:
@@ -368,14 +393,12 @@ if trace_path.exists():
                                 f"{r.config.label} · {r.id}" for r in others if r.id == i),
                             key="kernels_compare_run")
     if other_id is not None:
-        other_trace = store.run_dir(other_id) / TRACE_FILENAME
         other = next(r for r in others if r.id == other_id)
-        try:
-            diff_report(compare(str(trace_path), trace_path.stat().st_mtime_ns, str(other_trace),
-                                other_trace.stat().st_mtime_ns, run.config.label,
-                                other.config.label))
-        except ValueError as exc:  # e.g. a GPU run against a CPU run: the message says so
-            st.error(plain(str(exc).replace(str(store.home), "<data dir>")))
+        diff = compare_runs(str(store.home), run.id, other.id, run.ended_at, other.ended_at)
+        if diff and diff.get("error"):  # e.g. a GPU run against a CPU run: the message says so
+            st.error(plain(diff["error"]))
+        elif diff:
+            diff_report(diff)
     st.download_button("Download trace (open in Perfetto or chrome://tracing)",
                        data=trace_path.read_bytes(), file_name=f"{run.id}-{TRACE_FILENAME}",
                        mime="application/gzip", key="download_trace")

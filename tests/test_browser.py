@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -484,3 +485,35 @@ def test_your_workload_bound_by_why_b_is_faster_and_a_speedup_check_in_the_brows
         assert_page_healthy(page, "Live of a speedup check")
     finally:
         context.close()
+
+
+@pytest.mark.timeout(180)
+def test_kernels_page_upload_two_traces_and_a_broken_one(server, page, tmp_path):
+    """Upload a real A100 trace as A: the verdict and accounting; a broken file as B: one
+    error naming B (not A, and the name once); then a real H100 trace as B: the B-vs-A
+    section with its two-GPU caveat."""
+    traces = Path(__file__).parent / "data" / "traces"
+    broken = tmp_path / "notes.json"
+    broken.write_text("these are not profiler events")
+    goto(page, f"{server.url}/kernels", "Kernels")
+    page.get_by_text("Upload a trace file", exact=True).click()
+    uploaders = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+    uploaders.first.wait_for(state="attached")
+    uploaders.nth(0).set_input_files(str(traces / "a100_conv_nccl_hta.json.gz"))
+    wait_for(lambda: "but the GPU was idle 76 % of the step" in main_text(page), 60,
+             message=lambda: f"the A100 verdict (page: {main_text(page)[:2000]!r})")
+    uploaders.nth(1).set_input_files(str(broken))
+    wait_for(lambda: error_alerts(page), 60, message="an error for the broken B")
+    [error] = error_alerts(page)
+    assert "notes.json" in error and error.count("notes.json") == 1, error
+    assert "a100_conv_nccl_hta" not in error, error
+    assert "but the GPU was idle 76 % of the step" in main_text(page)  # A still shown
+    uploaders.nth(1).set_input_files(str(traces / "h100_bert_small_tracelens.json.gz"))
+    wait_for(lambda: "Why B (" in main_text(page), 60,
+             message=lambda: f"the B-vs-A section (page: {main_text(page)[-2000:]!r})")
+    text = main_text(page)
+    assert "the parts compare two different GPUs" in text
+    wait_for(lambda: "share of A's step" in grid_columns(page), 30,
+             message=lambda: f"the parts table (columns: {grid_columns(page)})")
+    assert not error_alerts(page)
+    assert_page_healthy(page, "Kernels with two uploaded traces")

@@ -11,7 +11,7 @@ import pytest
 from _real_runs import tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.explain import explain_runs
+from engine.analysis.explain import explain_diff, explain_runs, run_caveats
 from engine.report.html import build_html
 from engine.run.launcher import launch
 from engine.schema import FINAL_STATUSES
@@ -71,3 +71,30 @@ def test_bound_by_and_why_b_is_faster_on_live_compare_and_report(store, two_prof
     assert "Why one run is faster than another (profiler windows)" in report
     assert "What limits each run's step:" in report
     assert diff["sentence"].replace("'", "&#x27;") in report.replace("&gt;", ">")
+    # the comparison says what it covers, on Compare and in the report alike
+    [note] = [c["text"] for c in diff["caveats"] if c["severity"] == "note"]
+    assert note.startswith("From the profiled steps only (3 of ") and note in _text(at)
+    assert note.replace("'", "&#x27;") in report
+
+
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+
+
+def test_two_gpus_and_an_unrepresentative_or_busy_window_are_said():
+    """The caveats every B-vs-A surface shows: A100 against H100 is two GPUs; a window 6x
+    faster while the steady steps are 0.79x is not the run; a busy run is unreliable."""
+    diff = explain_diff(TRACES / "a100_conv_nccl_hta.json.gz",
+                        TRACES / "h100_bert_small_tracelens.json.gz")
+    [two_gpus] = diff["caveats"]
+    assert two_gpus["severity"] == "warning"
+    assert two_gpus["text"].startswith(f"A ran on {diff['device_a']}, B on {diff['device_b']}")
+    diff.update(label_a="fp32", label_b="bf16-amp", step_speedup=6.0, steps_a=3, steps_b=3)
+    busy = {"busy": True, "words": "measured while the machine was busy (load 3.1 on 2 cores)"}
+    caveats = run_caveats(diff, {"step_time_ms": 100.0},
+                          {"step_time_ms": 126.6, "contention": busy})
+    assert [c["severity"] for c in caveats] == ["note", "warning", "warning"]
+    assert caveats[1]["text"].startswith("The steady steps say 0.79x (100.0 -> 126.6 ms a step), "
+                                         "not the window's 6.00x")
+    assert caveats[2]["text"] == f"bf16-amp: {busy['words']}"
+    agreeing = run_caveats(diff, {"step_time_ms": 60.0}, {"step_time_ms": 10.5})
+    assert [c["severity"] for c in agreeing] == ["note"]  # 5.7x steady vs 6.0x: no warning

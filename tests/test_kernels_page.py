@@ -150,8 +150,14 @@ def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
     at.selectbox(key="kernels_compare_run").set_value(bf16).run()
     assert not at.exception, at.exception
     assert any("-> step" in box.value.replace("\\", "") for box in at.info)
-    diff = next(df.value for df in at.dataframe if "share_of_a" in df.value.columns)
-    assert list(diff["part"])[0] == "matrix"
+    diff = next(df.value for df in at.dataframe if "share of A's step" in df.value.columns)
+    assert list(diff["part"])[0] == "matrix" and list(diff["part"])[-1] == "step"
+    assert all(str(share).endswith("%") for share in diff["share of A's step"])
+    # the same comparison as Compare's: it says it covers the profiled steps only
+    assert any("From the profiled steps only" in c.value for c in at.caption)
+    labels = [m.label for m in at.metric]
+    assert "B against A" in labels
+    assert any(label.startswith("Step, A (") and "fp32" in label for label in labels)
 
 
 def test_one_profiler_step_can_be_picked_and_the_figures_follow(store):

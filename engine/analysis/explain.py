@@ -22,10 +22,19 @@ from engine.analysis.accounting import (
 )
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
-from engine.analysis.traces import ParsedTrace, breakdown, kernel_groups, load_trace, share_text
+from engine.analysis.traces import (
+    ParsedTrace,
+    breakdown,
+    kernel_groups,
+    load_trace,
+    share_text,
+    short_kernel_name,
+)
 from engine.schema import TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
+# the window's step ratio and the steady steps' ratio further apart than this: say so
+WINDOW_DISAGREES = 0.25
 SENTENCE_MIN_SHARE = 0.05  # parts below 5 % of A's step stay out of the sentence
 ONLY_IN_LIMIT = 10
 # GPU: the dtype-converting copy kernels; CPU: the cast ops and their autograd nodes.
@@ -173,7 +182,8 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
         "parts": [{"part", "a_us", "b_us", "speedup", "share_of_a", "saved_us"}] (per step,
         PARTS order; a_us adds up to step_time_a_us), "sentence", "only_in_a", "only_in_b"
         ([{"name", "us_per_step", "count", "category", "note"}]), "bound_by_a",
-        "bound_by_b"}
+        "bound_by_b", "device_a", "device_b", "steps_a", "steps_b" (profiled steps), "caveats"
+        ([{"text", "severity"}] a reader must see beside the figures: two different GPUs)}
     """
     parsed_a, parsed_b = _parsed(trace_a), _parsed(trace_b)
     if parsed_a.is_gpu != parsed_b.is_gpu:
@@ -197,9 +207,16 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
                      "saved_us": round(a_us - b_us, 3)})
     step_speedup = round(step_a_us / step_b_us, 3) if step_b_us else None
     names_a, names_b = _name_totals(parsed_a), _name_totals(parsed_b)
+    device_a, device_b = parsed_a.table.attrs.get("device"), parsed_b.table.attrs.get("device")
+    caveats = []
+    if device_a and device_b and device_a != device_b:
+        caveats.append(_caveat(f"A ran on {device_a}, B on {device_b}: the parts compare two "
+                               "different GPUs, not only two precisions"))
     return {
         "kind": acc_a["kind"], "label_a": label_a, "label_b": label_b,
         "source_a": parsed_a.source, "source_b": parsed_b.source,
+        "device_a": device_a, "device_b": device_b, "caveats": caveats,
+        "steps_a": acc_a["window"]["step_count"], "steps_b": acc_b["window"]["step_count"],
         "step_time_a_us": step_a_us, "step_time_b_us": step_b_us, "step_speedup": step_speedup,
         "parts": rows, "sentence": _sentence(rows, label_a, label_b, step_speedup),
         "only_in_a": _only_in(names_a, names_b, acc_a["window"]["step_count"]),
@@ -222,12 +239,51 @@ def explain_runs(store, run_a, run_b) -> dict | None:
     if path_a is None or path_b is None:
         return None
     try:
-        return explain_diff(path_a, path_b, label_a=run_a.config.label,
+        diff = explain_diff(path_a, path_b, label_a=run_a.config.label,
                             label_b=run_b.config.label,
                             cpu_evidence_a=run_a.summary.get("cpu_evidence"),
                             cpu_evidence_b=run_b.summary.get("cpu_evidence"))
     except ValueError as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc).replace(str(store.home), "<data dir>")}
+    diff["caveats"] = diff["caveats"] + run_caveats(diff, run_a.summary, run_b.summary)
+    return diff
+
+
+def run_caveats(diff: dict, summary_a: dict, summary_b: dict) -> list[str]:
+    """What a reader of two runs' window comparison must know: the figures are the few
+    profiled steps, not the runs' steady-state throughput (and when the two disagree, by
+    how much), and a run measured on a busy machine."""
+    a, b = diff["label_a"], diff["label_b"]
+    caveats = [_caveat(f"From the profiled steps only ({diff['steps_a']} of {a}, "
+                       f"{diff['steps_b']} of {b}); the runs' throughput figures are medians "
+                       "over their steady steps.", "note")]
+    steady_a, steady_b = summary_a.get("step_time_ms"), summary_b.get("step_time_ms")
+    window = diff.get("step_speedup")
+    if steady_a and steady_b and window:
+        steady = steady_a / steady_b
+        if abs(window / steady - 1.0) > WINDOW_DISAGREES:
+            caveats.append(_caveat(f"The steady steps say {steady:.2f}x ({steady_a:,.1f} -> "
+                                   f"{steady_b:,.1f} ms a step), not the window's "
+                                   f"{window:.2f}x: the profiled steps do not represent the "
+                                   "run; trust the steady figure."))
+    for label, summary in ((a, summary_a), (b, summary_b)):
+        contention = summary.get("contention") or {}
+        if contention.get("busy"):
+            words = contention.get("words") or "measured while the machine was busy"
+            caveats.append(_caveat(f"{label}: {words}"))
+    return caveats
+
+
+def _caveat(text: str, severity: str = "warning") -> dict:
+    """{"text", "severity"}: "warning" changes what the figures mean, "note" frames them."""
+    return {"text": text, "severity": severity}
+
+
+def only_in_rows(rows: list[dict]) -> list[dict]:
+    """explain_diff's only_in_a/only_in_b as table rows (short names, ms per step)."""
+    return [{"kernel or op": short_kernel_name(row["name"]),
+             "ms_per_step": row["us_per_step"] / 1000, "count": row["count"],
+             "note": row["note"] or ""} for row in rows]
 
 
 def parts_rows(diff: dict) -> list[dict]:

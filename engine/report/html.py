@@ -31,7 +31,7 @@ from engine.analysis.compare import (
     steady_medians,
     summary_table,
 )
-from engine.analysis.explain import explain_runs, parts_rows
+from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
 from engine.analysis.traces import share_text
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
@@ -295,10 +295,25 @@ def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame)
             continue
         rows = parts_rows(diff)
         header = list(rows[0])
-        blocks.append(f"<p>{_e(diff['sentence'])}</p>" + _html_table(
+        caveats = "".join(f"<p class={'warn' if c['severity'] == 'warning' else 'meta'}>"
+                          f"{_e(c['text'])}</p>" for c in diff.get("caveats") or [])
+        blocks.append(f"<p>{_e(diff['sentence'])}</p>" + caveats + _html_table(
             header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float) else row[h]
-                      for h in header] for row in rows], {1, 2}))
+                      for h in header] for row in rows], {1, 2}) + _only_in_html(diff))
     return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"
+
+
+def _only_in_html(diff: dict) -> str:
+    """Kernels or ops that ran in one run only (casts, fp32 fallbacks), as on Compare."""
+    blocks = []
+    for key, label in (("only_in_a", diff["label_a"]), ("only_in_b", diff["label_b"])):
+        rows = only_in_rows(diff[key])
+        if rows:
+            header = list(rows[0])
+            blocks.append(f"<p class=meta>Only in {_e(label)}:</p>" + _html_table(
+                header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float)
+                          else row[h] for h in header] for row in rows], {1, 2}))
+    return "".join(blocks)
 
 
 def _config_diff_html(runs: Mapping[str, RunRecord]) -> str:
