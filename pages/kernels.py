@@ -247,8 +247,10 @@ def cpu_accounting(result: dict) -> None:
     st.subheader("Where the step's time went (CPU ops, self time)")
     cols = st.columns(3)
     cols[0].metric("Step", _ms(accounting["step_time_us"]))
-    cols[1].metric("Casts (aten::to / _to_copy / copy_)", _pct(accounting["cast_share"]),
-                   help="Share of the window spent converting dtypes")
+    # metric labels are Markdown: the op names' underscores would turn to italics
+    cols[1].metric("Casts (dtype conversions)", _pct(accounting["cast_share"]),
+                   help="Share of the window in the cast ops `aten::to`, `aten::_to_copy` "
+                        "and `aten::copy_`")
     cols[2].metric("Outside any op (Python, framework)", _pct(accounting["idle_share"]))
     parts_table(accounting, "cpu_parts")
     if accounting.get("matrix_ops"):
@@ -371,7 +373,7 @@ if run.summary.get("profile_error"):
 if run.summary.get("gpm_tensor_util_pct") is not None:
     st.metric("Tensor-pipe activity (NVML GPM counter)",
               f"{run.summary['gpm_tensor_util_pct']:.1f} %", help=run.summary.get("gpm_note"))
-elif run.summary.get("gpm_note"):
+elif run.summary.get("gpm_note") and run.device_key.startswith("cuda"):
     st.caption(f"Counter-based confirmation (NVML GPM): {plain(run.summary['gpm_note'])}")
 trace_path = store.run_dir(run.id) / TRACE_FILENAME
 evidence = run.summary.get("cpu_evidence")

@@ -337,6 +337,23 @@ def test_bound_by_rules(changes, data_wait_ms, verdict):
     assert json.loads(json.dumps(result)) == result
 
 
+def test_memory_bound_advice_only_where_the_window_shows_its_cause():
+    """channels_last only with convolutions in the window, a fused optimizer only where the
+    optimizer is a real share of the busy time: no conv advice for an LLM."""
+    memory = {"matrix": 200.0, "elementwise": 500.0, "normalisation": 200.0, "idle": 100.0}
+    plain = bound_by(_accounting(parts_per_step_us=memory))
+    assert plain["verdict"] == "memory"
+    assert not any("channels_last" in a or "fused=True" in a for a in plain["advice"])
+    convnet = bound_by(_accounting(parts_per_step_us=memory, conv_kernel_us=50.0))
+    assert any("channels_last" in advice for advice in convnet["advice"])
+    with_optimizer = bound_by(_accounting(parts_per_step_us={**memory, "optimizer": 100.0}))
+    assert any("fused=True" in advice for advice in with_optimizer["advice"])
+    cpu_conv = bound_by(_accounting(kind="cpu", parts_per_step_us=memory,
+                                    ops=[{"cpu_op": "aten::mkldnn_convolution"}]))
+    assert any("channels_last" in advice for advice in cpu_conv["advice"])
+    assert plain["sentence"].endswith("matrix and attention work 22 %")
+
+
 def test_launch_bound_sentence_names_the_short_kernels():
     result = bound_by(_accounting(idle_share=0.69, median_kernel_us=8.0, kernel_count=900))
     assert result["sentence"] == ("CPU/launch-bound: the GPU was idle 69 % of the step between "

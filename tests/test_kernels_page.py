@@ -144,7 +144,7 @@ def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
     text = " ".join(box.value for box in at.info).replace("\\", "")
     assert "CPU run: " in text and "cuBLAS" not in text and "Tensor Cores" not in text
     labels = [m.label for m in at.metric]
-    assert "Casts (aten::to / _to_copy / copy_)" in labels
+    assert "Casts (dtype conversions)" in labels
     parts = next(df.value for df in at.dataframe if "time_ms_per_step" in df.value.columns)
     assert "idle" in list(parts["part"])
     at.selectbox(key="kernels_compare_run").set_value(bf16).run()

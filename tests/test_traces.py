@@ -528,6 +528,23 @@ def test_a_gzip_bomb_is_refused_at_the_limit_with_bounded_memory(tmp_path):
     assert peak_kib < 1.5 * 2**20, f"peak RSS {peak_kib / 2**20:.2f} GiB"
 
 
+@pytest.mark.parametrize("content, words", [
+    (b'{"traceEvents": "abc"}', "'traceEvents' is a str, not a list of events"),
+    (b'{"traceEvents": []}', "the trace has no events"),
+    (b"[]", "the trace has no events"),
+    (bytes(range(256)) * 4, "content that is neither gzip nor JSON"),
+    (b"[1, 2, \xff\xfe]", "content that is neither gzip nor JSON text"),
+])
+def test_malformed_trace_documents_are_refused_in_words(tmp_path, content, words):
+    path = tmp_path / "upload.json.gz"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        analyze_trace(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and words in message
+    assert message.count(str(path)) == 1
+
+
 def test_the_trace_limit_is_configurable(tmp_path, monkeypatch):
     from engine.analysis.traces import TraceTooLarge
 
@@ -536,4 +553,5 @@ def test_the_trace_limit_is_configurable(tmp_path, monkeypatch):
     with pytest.raises(TraceTooLarge, match="larger than 2 MiB"):
         analyze_trace(bomb)
     monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_MIB", "8")
-    assert analyze_trace(bomb)["kernel_count"] == 0  # within the limit: an empty trace
+    with pytest.raises(ValueError, match="the trace has no events"):  # read: within the limit
+        analyze_trace(bomb)

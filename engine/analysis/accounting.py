@@ -270,11 +270,12 @@ def step_kernel_table(trace: ParsedTrace, step: int):
 def _kernel_figures(trace: ParsedTrace, lo: float, hi: float) -> dict:
     table = trace.table
     if table.empty:
-        return {"kernel_count": 0, "kernel_us": 0.0, "median_kernel_us": None,
-                "short_kernel_share": None}
+        return {"kernel_count": 0, "kernel_us": 0.0, "conv_kernel_us": 0.0,
+                "median_kernel_us": None, "short_kernel_share": None}
     inside = table[(table["ts_us"] >= lo) & (table["ts_us"] < hi)]
     durations = inside["dur_us"]
     return {"kernel_count": int(len(inside)), "kernel_us": _us(durations.sum()),
+            "conv_kernel_us": _us(durations[inside["category"] == "conv"].sum()),
             "median_kernel_us": _us(durations.median()) if len(inside) else None,
             "short_kernel_share": _share(int((durations < SHORT_KERNEL_US).sum()), len(inside))}
 

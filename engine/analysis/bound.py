@@ -32,8 +32,6 @@ ADVICE = {
                       "bf16 gradient communication (DDP bf16_compress_hook) halves the bytes"],
     "memory": ["torch.compile fuses elementwise and normalisation kernels (fewer round trips "
                "to memory)",
-               "channels_last memory format for convolutional models",
-               "Fused optimizer (torch.optim.AdamW(fused=True)) instead of one kernel per tensor",
                "Lower precision halves the bytes these kernels move"],
     "math": ["Matrix work dominates: bf16/fp16 (or fp8 on Hopper+) on Tensor Cores pays "
              "directly",
@@ -48,6 +46,11 @@ CPU_ADVICE = {
              "(the oneDNN primitive below says which ran)",
              "Set torch.set_num_threads to the physical cores the run may use"],
 }
+# Memory-bound advice that only applies where the window shows its cause.
+CHANNELS_LAST_ADVICE = "channels_last memory format: the convolutions run without layout copies"
+FUSED_OPTIMIZER_ADVICE = ("Fused optimizer (torch.optim.AdamW(fused=True)) instead of one "
+                          "kernel per tensor")
+OPTIMIZER_SHARE = 0.05   # optimizer share of busy time from which its fusing is worth it
 LABELS = {"input": "input-bound", "cpu_launch": "CPU/launch-bound",
           "communication": "communication-bound", "memory": "memory-bound",
           "math": "math-bound", "unknown": "unknown"}
@@ -81,10 +84,29 @@ def _numbers(accounting: dict, data_wait_ms: float | None) -> dict:
         if busy_us else None,
         "memory_share_of_busy": sum(parts.get(p, 0) for p in _MEMORY_PARTS) / busy_us
         if busy_us else None,
+        "optimizer_share_of_busy": parts.get("optimizer", 0) / busy_us if busy_us else None,
+        "convolutions": _has_convolutions(accounting),
         "median_kernel_us": accounting.get("median_kernel_us"),
         "kernel_count": accounting.get("kernel_count"),
         "sync_calls": accounting.get("sync_calls"),
     }
+
+
+def _has_convolutions(accounting: dict) -> bool:
+    """Convolution kernels (GPU) or ops (CPU) in the window."""
+    if (accounting.get("conv_kernel_us") or 0) > 0:
+        return True
+    return any("conv" in (row.get("cpu_op") or "") for row in accounting.get("ops") or [])
+
+
+def _advice(verdict: str, kind: str, n: dict) -> list[str]:
+    advice = list((CPU_ADVICE if kind == "cpu" else {}).get(verdict) or ADVICE.get(verdict, []))
+    if verdict == "memory":
+        if n["convolutions"]:
+            advice.insert(1, CHANNELS_LAST_ADVICE)
+        if (n["optimizer_share_of_busy"] or 0) >= OPTIMIZER_SHARE:
+            advice.insert(1, FUSED_OPTIMIZER_ADVICE)
+    return advice
 
 
 def _decide(kind: str, n: dict) -> str:
@@ -105,8 +127,10 @@ def _sentence(verdict: str, kind: str, n: dict) -> str:
     idle_what = "the GPU was idle" if kind == "gpu" else "time outside any CPU op (Python, framework)"
     step_ms = n["step_time_us"] / 1000.0
     if verdict == "input":
+        idle = (f"; {idle_what} {_pct(n['idle_share'])} of the step meanwhile"
+                if n["idle_share"] is not None else "")
         return (f"Input-bound: waiting for data took {_pct(n['data_wait_share'])} of the "
-                f"{step_ms:,.2f} ms step ({n['data_wait_source']})")
+                f"{step_ms:,.2f} ms step ({n['data_wait_source']}){idle}")
     if verdict == "communication":
         return (f"Communication-bound: communication not hidden under compute took "
                 f"{_pct(n['exposed_communication_share'])} of the {step_ms:,.2f} ms step")
@@ -121,12 +145,13 @@ def _sentence(verdict: str, kind: str, n: dict) -> str:
         return (f"CPU/framework-bound: {_pct(n['idle_share'])} of the {step_ms:,.2f} ms step "
                 "was outside any op (Python, dispatch)")
     if verdict == "math":
-        return (f"Math-bound: matrix work is {_pct(n['matrix_share_of_busy'])} of the busy "
+        return (f"Math-bound: matrix and attention work is {_pct(n['matrix_share_of_busy'])} "
+                f"of the busy "
                 f"time; {idle_what} {_pct(n['idle_share'])} of the step")
     if verdict == "memory":
         return (f"Memory-bound: elementwise, normalisation, copies and optimizer are "
-                f"{_pct(n['memory_share_of_busy'])} of the busy time, matrix work "
-                f"{_pct(n['matrix_share_of_busy'])}")
+                f"{_pct(n['memory_share_of_busy'])} of the busy time, matrix and attention "
+                f"work {_pct(n['matrix_share_of_busy'])}")
     return "Bound-by: unknown, no time recorded in this window"
 
 
@@ -145,8 +170,7 @@ def bound_by(accounting: dict, data_wait_ms: float | None = None) -> dict:
     return {"verdict": verdict, "label": LABELS[verdict],
             "numbers": {k: (round(v, 4) if isinstance(v, float) else v)
                         for k, v in numbers.items()},
-            "advice": list((CPU_ADVICE if kind == "cpu" else {}).get(verdict)
-                           or ADVICE.get(verdict, [])),
+            "advice": _advice(verdict, kind, numbers),
             "sentence": _sentence(verdict, kind, numbers)}
 
 

@@ -77,7 +77,7 @@ def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = No
 
 def _banner(tensor_verdict: dict, accounting: dict, verdict: dict) -> dict:
     if accounting["kind"] == "cpu":
-        headline = f"CPU run: {verdict['sentence']}"
+        headline = f"CPU run: {verdict['label']}"  # the sentence follows with the numbers
         tone = "info"
     else:
         headline = busy_headline(tensor_verdict.get("headline") or "", accounting)

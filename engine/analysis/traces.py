@@ -299,18 +299,29 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:  # missing, unreadable, corrupt gzip
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ValueError(f"{source}: cannot read trace file: {reason}") from exc
+    start = raw[:4096].lstrip()[:1]
+    if start and start not in b"{[":  # binary or text that is not a JSON document
+        raise ValueError(f"{source}: content that is neither gzip nor JSON (it starts with "
+                         f"{raw[:8]!r}), so not a profiler trace (.json or .json.gz)")
     try:
         data = json.loads(raw, object_hook=_compact_event)
     except RecursionError:
         raise ValueError(f"{source}: JSON nested too deeply to be a profiler trace") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: content that is neither gzip nor JSON text, so not a "
+                         "profiler trace (.json or .json.gz)") from None
+    except ValueError as exc:
         raise ValueError(f"{source}: not a JSON trace file ({exc})") from exc
     del raw
     if isinstance(data, list):  # Chrome "JSON array" format: the file is the event list
         if not all(event is None or isinstance(event, (tuple, dict)) for event in data):
             raise ValueError(f"{source}: a JSON list that is not a list of trace events "
                              "(objects with 'ph'/'cat'), so not a profiler trace")
-        return data, []
+        return _with_events(data, source), []
+    if isinstance(data, dict) and "traceEvents" in data and not isinstance(
+            data["traceEvents"], list):
+        raise ValueError(f"{source}: 'traceEvents' is a {type(data['traceEvents']).__name__}, "
+                         "not a list of events, so not a profiler trace")
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         keys = ", ".join(sorted(data)[:8]) if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{source}: no 'traceEvents' list, so not a PyTorch profiler "
@@ -318,7 +329,15 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
                          "torch.profiler's on_trace_ready=tensorboard_trace_handler or "
                          "prof.export_chrome_trace(path).")
     properties = data.get("deviceProperties")
-    return data["traceEvents"], properties if isinstance(properties, list) else []
+    return _with_events(data["traceEvents"], source), \
+        properties if isinstance(properties, list) else []
+
+
+def _with_events(events: list, source: str) -> list:
+    if not events:
+        raise ValueError(f"{source}: the trace has no events: the profiler recorded nothing "
+                         "(was the schedule's active window reached, and prof.step() called?)")
+    return events
 
 
 # ---------------------------------------------------------------------------------------
