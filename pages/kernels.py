@@ -218,7 +218,7 @@ def gpu_report(result: dict) -> None:
     device += f" (compute capability {capability})" if capability else (
         f" (AMD {result['arch']})" if result.get("arch") else "")
     scope = result.get("breakdown_scope") or "every kernel in the trace"
-    st.caption(f"{device}. Kernel time, Tensor-Core shares, categories and the tables below "
+    st.caption(f"{plain(device)}. Kernel time, Tensor-Core shares, categories and the tables below "
                f"cover {scope}.")
     category_chart(result)
     st.subheader("Top kernels")
@@ -263,15 +263,17 @@ def cpu_accounting(result: dict) -> None:
 def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     """Why B against A: the Amdahl sentence, what to keep in mind, the steps, the parts
     table (the Compare page's and the report's rows), what bounds each, one-sided kernels."""
-    st.subheader(f"Why B ({diff['label_b']}) against A ({diff['label_a']})")
+    # labels are the runs' (user-typed) labels: text, never Markdown
+    label_a, label_b = plain(diff["label_a"]), plain(diff["label_b"])
+    st.subheader(f"Why B ({label_b}) against A ({label_a})")
     if files:
-        st.caption(f"A: {files[0]} · B: {files[1]}")
+        st.caption(f"A: {plain(files[0])} · B: {plain(files[1])}")
     st.info(plain(diff["sentence"]))
     for caveat in diff.get("caveats") or []:
         (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
     cols = st.columns(3)
-    cols[0].metric(f"Step, A ({diff['label_a']})", _ms(diff["step_time_a_us"]))
-    cols[1].metric(f"Step, B ({diff['label_b']})", _ms(diff["step_time_b_us"]))
+    cols[0].metric(f"Step, A ({label_a})", _ms(diff["step_time_a_us"]))
+    cols[1].metric(f"Step, B ({label_b})", _ms(diff["step_time_b_us"]))
     speedup = diff.get("step_speedup")
     cols[2].metric("B against A", f"{speedup:.2f}x" if speedup else "n/a",
                    help="A's step time over B's: above 1, B is faster")
