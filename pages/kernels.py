@@ -197,9 +197,9 @@ def category_chart(result: dict) -> None:
     categories = {k: v for k, v in (result.get("categories") or {}).items() if v}
     if not categories:
         return
-    fig = go.Figure(go.Bar(x=list(categories.values()), y=list(categories.keys()),
-                           orientation="h"))
-    fig.update_layout(title="GPU time per kernel category (µs)", height=320,
+    fig = go.Figure(go.Bar(x=[us / 1000 for us in categories.values()],
+                           y=list(categories.keys()), orientation="h"))
+    fig.update_layout(title="GPU time per kernel category (ms, summed over streams)", height=320,
                       margin=dict(l=10, r=10, t=40, b=10), yaxis=dict(autorange="reversed"))
     st.plotly_chart(theme=None, figure_or_data=fig, key="kernel_categories")
 

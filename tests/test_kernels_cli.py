@@ -133,3 +133,37 @@ def test_kernels_step_narrows_the_tensor_core_breakdown_too(capsys):
     assert summary["breakdown_scope"] == "the kernels of ProfilerStep#5"
     assert _run(["kernels", str(TRACES / "a100_conv_nccl_hta.json.gz")]) == 0
     assert "in 2,700 kernels (every kernel in the trace)" in capsys.readouterr().out
+
+
+def test_kernels_takes_run_ids_and_compares_two_runs_with_their_caveats(tmp_path, monkeypatch,
+                                                                       capsys):
+    """`kernels RUN_A RUN_B --diff`: the runs' profiler windows, labelled by the runs, with
+    the caveats Compare shows; an unknown id or a run without a trace says so."""
+    import shutil
+
+    from engine.config import RunConfig
+    from engine.schema import TRACE_FILENAME
+    from engine.store import Store
+
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(tmp_path / "lab"))
+    store = Store(tmp_path / "lab")
+    ids = []
+    for name, trace in (("a100 tf32", "a100_conv_nccl_hta.json.gz"),
+                        ("h100 bf16", "h100_bert_small_tracelens.json.gz")):
+        run_id = store.create_run(RunConfig(model="gpt", name=name), "cuda:0", "recorded GPU")
+        shutil.copy(TRACES / trace, store.run_dir(run_id) / TRACE_FILENAME)
+        store.set_status(run_id, "finished")
+        ids.append(run_id)
+    assert _run(["kernels", ids[0], ids[1], "--diff"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("A (a100 tf32): ") and "\nB (h100 bf16): " in out
+    assert "note: From the profiled steps only (3 of a100 tf32, 1 of h100 bf16)" in out
+    assert "warning: A ran on NVIDIA A100-PG509-200, B on NVIDIA H100 80GB HBM3" in out
+    assert _run(["kernels", ids[0], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernel_count"] == 2700
+
+    bare = store.create_run(RunConfig(model="gpt"), "cpu", "cpu")
+    assert _run(["kernels", bare]) == 2
+    assert f"run {bare} has no profiler trace" in capsys.readouterr().err
+    assert _run(["kernels", "20991231-000000-nosuch"]) == 2
+    assert "neither a trace file nor a run id" in capsys.readouterr().err

@@ -101,14 +101,15 @@ def _label(parsed: ParsedTrace, given: str | None, fallback: str) -> str:
     return max(dtypes, key=dtypes.get) if dtypes else fallback
 
 
-def _speedup_words(speedup: float | None, b_us: float) -> str:
+def _speedup_words(speedup: float | None, b_us: float, part: str | None = None) -> str:
     if b_us <= 0:
         return "gone"
     if speedup is None:
         return "new"
     if abs(speedup - 1.0) <= UNCHANGED:
         return "unchanged"
-    return f"{speedup:.1f}x" if speedup > 1 else f"{1 / speedup:.1f}x slower"
+    slower = "longer" if part == "idle" else "slower"  # idle time is not "faster"
+    return f"{speedup:.1f}x" if speedup > 1 else f"{1 / speedup:.1f}x {slower}"
 
 
 def _name_totals(parsed: ParsedTrace) -> dict[str, dict]:
@@ -156,10 +157,10 @@ def _sentence(rows: list[dict], label_a: str, label_b: str, step_speedup: float 
     shown.sort(key=lambda row: -row["share_of_a"])
     pieces = []
     for index, row in enumerate(shown[:5]):
-        words = _speedup_words(row["speedup"], row["b_us"])
+        words = _speedup_words(row["speedup"], row["b_us"], row["part"])
+        if words.endswith("x") and (index == 0 or row["part"] == "idle"):
+            words += " shorter" if row["part"] == "idle" else " faster"
         if index == 0:
-            if words.endswith("x"):
-                words += " faster"
             pieces.append(f"{row['part']} {share_text(row['share_of_a'])} of the {label_a} step, "
                           f"{words} in {label_b}")
         else:
@@ -286,6 +287,13 @@ def only_in_rows(rows: list[dict]) -> list[dict]:
              "note": row["note"] or ""} for row in rows]
 
 
+def speedup_text(speedup: float | None) -> str:
+    """"2.00x"; a part many times slower keeps its digits ("0.0027x", not "0.00x")."""
+    if not speedup:
+        return "n/a"
+    return f"{speedup:.2f}x" if speedup >= 0.1 else f"{speedup:.2g}x"
+
+
 def parts_rows(diff: dict) -> list[dict]:
     """explain_diff's parts as table rows (ms per step, share of A's step, speedup)."""
     rows = []
@@ -295,9 +303,9 @@ def parts_rows(diff: dict) -> list[dict]:
         rows.append({"part": part["part"], f"{diff['label_a']} (ms/step)": part["a_us"] / 1000,
                      f"{diff['label_b']} (ms/step)": part["b_us"] / 1000,
                      "share of A's step": share_text(part["share_of_a"], 1),
-                     "speedup": f"{part['speedup']:.2f}x" if part["speedup"] else "n/a"})
+                     "speedup": speedup_text(part["speedup"])})
     rows.append({"part": "step", f"{diff['label_a']} (ms/step)": diff["step_time_a_us"] / 1000,
                  f"{diff['label_b']} (ms/step)": diff["step_time_b_us"] / 1000,
                  "share of A's step": "100.0 %",
-                 "speedup": f"{diff['step_speedup']:.2f}x" if diff["step_speedup"] else "n/a"})
+                 "speedup": speedup_text(diff["step_speedup"])})
     return rows

@@ -30,9 +30,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                     "busy/idle time, copies, communication overlap, per stream and per step, and "
                     "what bounds the step. With two traces and --diff: the step of B against A, "
                     "part by part.")
-    kernels.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
+    kernels.add_argument("trace", metavar="TRACE",
+                         help="trace file (.json or .json.gz), or a run id (its profiler window)")
     kernels.add_argument("trace_b", metavar="TRACE_B", nargs="?",
-                         help="a second trace, compared with the first (needs --diff)")
+                         help="a second trace or run id, compared with the first (needs --diff)")
     kernels.add_argument("--diff", action="store_true",
                          help="explain TRACE_B's step time against TRACE's")
     kernels.add_argument("--step", type=typed(int, "--step"), default=None, metavar="N",
@@ -56,7 +57,7 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
     # pandas: only this command reads traces, so the CLI's start-up stays light
-    from engine.analysis.explain import analyze, explain_diff
+    from engine.analysis.explain import analyze, explain_diff, explain_runs
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     usage = _usage_problem(args)
@@ -64,10 +65,20 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
         stderr.write(f"kernels: {usage}\n")
         return EXIT_USAGE
     try:
-        if args.diff:
-            result = explain_diff(args.trace, args.trace_b, step_a=args.step, step_b=args.step)
+        targets = [_target(args.trace)] + ([_target(args.trace_b)] if args.diff else [])
+        if args.diff and all(run is not None for _path, run, _store in targets) \
+                and args.step is None:
+            # two runs: the Compare page's comparison, with its labels and caveats
+            result = explain_runs(targets[0][2], targets[0][1], targets[1][1])
+            if result.get("error"):
+                raise ValueError(result["error"])
+        elif args.diff:
+            result = explain_diff(targets[0][0], targets[1][0], step_a=args.step,
+                                  step_b=args.step)
         else:
-            result = analyze(args.trace, step=args.step)
+            run = targets[0][1]
+            result = analyze(targets[0][0], step=args.step,
+                             cpu_evidence=run.summary.get("cpu_evidence") if run else None)
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
         stderr.write(f"kernels: {_one_line(str(exc))}\n")
         return EXIT_USAGE
@@ -78,6 +89,28 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
     else:
         stdout.write(format_diff(result) if args.diff else format_breakdown(result))
     return EXIT_OK
+
+
+def _target(text: str) -> tuple[str, object, object]:
+    """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
+    from pathlib import Path
+
+    from engine.analysis.explain import run_trace_path
+    from engine.store import RunNotFound, Store
+
+    if Path(text).exists() or text.endswith((".json", ".gz")):
+        return text, None, None  # a file (a missing one is named by the reader's error)
+    store = Store()
+    try:
+        run = store.get_run(text)
+    except RunNotFound:
+        raise ValueError(f"{text}: neither a trace file nor a run id in {store.home} "
+                         "(list runs with `python -m engine list`)") from None
+    path = run_trace_path(store, run)
+    if path is None:
+        raise ValueError(f"run {text} has no profiler trace: it ran with --no-profile or "
+                         "ended before its profiler window; launch it again with --profile")
+    return str(path), run, store
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
@@ -242,19 +275,30 @@ def format_cpu_accounting(summary: dict) -> list[str]:
     return lines
 
 
+def _side(letter: str, label: str) -> str:
+    """"A (fp32)", or just "A" when the label is the letter itself (two CPU traces)."""
+    return letter if label in (letter, f"{letter} ({letter})") else f"{letter} ({label})"
+
+
 def format_diff(diff: dict) -> str:
     """B against A, part by part, with the Amdahl sentence first."""
-    a, b = diff["label_a"], diff["label_b"]
-    lines = [f"A ({a}): {diff['source_a']}", f"B ({b}): {diff['source_b']}",
+    # late: explain imports pandas; loaded by the time a diff is formatted
+    from engine.analysis.explain import speedup_text
+
+    a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])
+    lines = [f"{a}: {diff['source_a']}", f"{b}: {diff['source_b']}",
              f"Step {_ms(diff['step_time_a_us'])} ms -> {_ms(diff['step_time_b_us'])} ms",
-             diff["sentence"], "",
+             diff["sentence"]]
+    lines += [("warning: " if c["severity"] == "warning" else "note: ") + c["text"]
+              for c in diff.get("caveats") or []]
+    lines += ["",
              f"{'part':<15}{'A_ms':>10}{'B_ms':>10}{'speedup':>9}{'share_of_A':>12}"]
     for row in diff["parts"]:
         if row["a_us"] or row["b_us"]:
-            speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+            speedup = "-" if row["speedup"] is None else speedup_text(row["speedup"])
             lines.append(f"{row['part']:<15}{_ms(row['a_us']):>10}{_ms(row['b_us']):>10}"
                          f"{speedup:>9}{_pct(row['share_of_a']):>12}")
-    for key, who in (("only_in_a", f"Only in A ({a})"), ("only_in_b", f"Only in B ({b})")):
+    for key, who in (("only_in_a", f"Only in {a}"), ("only_in_b", f"Only in {b}")):
         if diff[key]:
             lines += ["", who]
             lines += [f"  {_ms(row['us_per_step']):>9} ms/step  {_clip(row['name'], 80)}"
