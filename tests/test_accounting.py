@@ -437,3 +437,11 @@ def test_amd_gpu_never_gets_a_compute_capability_from_its_name(tmp_path):
     result = analyze(_write(tmp_path, events, properties=properties))
     assert result["verdict"]["tensor_cores"] == "no"
     assert "vector ALUs" in result["verdict"]["headline"]
+
+
+def test_no_dominant_kind_of_work_is_not_called_memory_bound():
+    """One 'other' kernel filling the busy time: not "memory-bound: ... 0 % of the busy time"."""
+    result = bound_by(_accounting(parts_per_step_us={"other": 900.0, "idle": 100.0}))
+    assert result["verdict"] == "unknown"
+    assert result["sentence"].startswith("Bound-by: unknown, no kind of work dominates")
+    assert "matrix and attention 0 %" in result["sentence"]

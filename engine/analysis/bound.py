@@ -120,7 +120,12 @@ def _decide(kind: str, n: dict) -> str:
         return "cpu_launch"
     if n["matrix_share_of_busy"] is None:
         return "unknown"
-    return "math" if n["matrix_share_of_busy"] >= MATH_SHARE else "memory"
+    if n["matrix_share_of_busy"] >= MATH_SHARE:
+        return "math"
+    # memory-bound only where the memory-bound parts are the larger share, not where
+    # "other" kernels (or hidden communication) fill the busy time
+    matrix, memory = n["matrix_share_of_busy"], n["memory_share_of_busy"] or 0.0
+    return "memory" if memory >= matrix and memory + matrix >= MATH_SHARE else "unknown"
 
 
 def _sentence(verdict: str, kind: str, n: dict) -> str:
@@ -152,6 +157,11 @@ def _sentence(verdict: str, kind: str, n: dict) -> str:
         return (f"Memory-bound: elementwise, normalisation, copies and optimizer are "
                 f"{_pct(n['memory_share_of_busy'])} of the busy time, matrix and attention "
                 f"work {_pct(n['matrix_share_of_busy'])}")
+    if n["step_time_us"] and n["matrix_share_of_busy"] is not None:
+        return (f"Bound-by: unknown, no kind of work dominates the busy time (matrix and "
+                f"attention {_pct(n['matrix_share_of_busy'])}, elementwise, normalisation, "
+                f"copies and optimizer {_pct(n['memory_share_of_busy'])}, the rest other "
+                "kernels)")
     return "Bound-by: unknown, no time recorded in this window"
 
 
