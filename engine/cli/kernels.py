@@ -95,7 +95,9 @@ def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
     from pathlib import Path
 
+    # late: explain imports pandas and the store SQLite; only `kernels` needs either
     from engine.analysis.explain import run_trace_path
+    # late: opening the store only when an argument is not a file
     from engine.store import RunNotFound, Store
 
     if Path(text).exists() or text.endswith((".json", ".gz")):
