@@ -14,7 +14,13 @@ import streamlit as st
 from engine.analysis.accounting import part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.analysis.explain import analyze as analyze_trace_file
-from engine.analysis.explain import explain_diff, explain_runs, only_in_rows, parts_rows
+from engine.analysis.explain import (
+    explain_diff,
+    explain_runs,
+    only_in_rows,
+    parts_rows,
+    window_note,
+)
 from engine.analysis.traces import share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
@@ -372,6 +378,9 @@ except RunNotFound:
 
 if run.summary.get("profile_error"):
     st.error(f"Profiler: {plain(run.summary['profile_error'])}")
+note = window_note(run.summary)  # what the window covers, and whether it represents the run
+if note:
+    (st.warning if note["severity"] == "warning" else st.caption)(plain(note["text"]))
 if run.summary.get("gpm_tensor_util_pct") is not None:
     st.metric("Tensor-pipe activity (NVML GPM counter)",
               f"{run.summary['gpm_tensor_util_pct']:.1f} %", help=run.summary.get("gpm_note"))

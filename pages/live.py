@@ -12,7 +12,9 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.cpu_evidence import verdict_tone
+from engine.analysis.explain import window_note
 from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
+from engine.analysis.traces import share_text
 from engine.cluster.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.batch_search import (
@@ -197,7 +199,7 @@ def data_wait_line(run, frame: pd.DataFrame) -> None:
     cfg = run.config
     source = (f"DataLoader, {cfg.num_workers} workers" if cfg.data == "loader"
               else "synthetic batches on the device")
-    text = f"Data wait: **{100 * share:.1f} %** of the step ({source})"
+    text = f"Data wait: **{share_text(share, 1)}** of the step ({source})"
     if share > 0.5:
         st.warning(text + ": input-bound; more DataLoader workers (Input pipeline on Launch) "
                    "or a cheaper pipeline would make steps faster than any precision can.")
@@ -229,6 +231,9 @@ def matrix_unit_badge(run) -> None:
             st.caption(plain(banner["headline"]))  # the verdict with how busy the GPU was
         st.info(f"**Bound by:** {plain(bound['sentence'])}"
                 + "".join(f"\n- {plain(tip)}" for tip in bound.get("advice", [])[:3]))
+        note = window_note(summary)
+        if note:
+            (st.warning if note["severity"] == "warning" else st.caption)(plain(note["text"]))
     if verdict or cpu or explain:
         st.page_link("pages/kernels.py", label="Kernel breakdown", icon=":material/memory:")
 

@@ -11,7 +11,7 @@ import pytest
 from _real_runs import tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.explain import explain_diff, explain_runs, run_caveats
+from engine.analysis.explain import explain_diff, explain_runs, run_caveats, window_note
 from engine.report.html import build_html
 from engine.run.launcher import launch
 from engine.schema import FINAL_STATUSES
@@ -53,6 +53,8 @@ def test_bound_by_and_why_b_is_faster_on_live_compare_and_report(store, two_prof
     assert any(i.value.startswith("**Bound by:**") and
                re.sub(r"\\(.)", r"\1", i.value).find(explain["bound_by"]["sentence"]) > 0
                for i in at.info), [i.value for i in at.info]
+    # ... with what it covers: the profiled steps (and whether they represent the run)
+    assert any(box.value.startswith("From the ") for box in [*at.caption, *at.warning])
 
     diff = explain_runs(store, store.get_run(base_id), other)
     assert diff and not diff.get("error")
@@ -98,3 +100,14 @@ def test_two_gpus_and_an_unrepresentative_or_busy_window_are_said():
     assert caveats[2]["text"] == f"bf16-amp: {busy['words']}"
     agreeing = run_caveats(diff, {"step_time_ms": 60.0}, {"step_time_ms": 10.5})
     assert [c["severity"] for c in agreeing] == ["note"]  # 5.7x steady vs 6.0x: no warning
+
+
+def test_a_window_far_from_the_steady_steps_says_so():
+    explain = {"step_time_us": 952_790.0, "accounting": {"window": {"step_count": 3}}}
+    far = window_note({"explain": explain, "step_time_ms": 21.3})
+    assert far["severity"] == "warning"
+    assert far["text"].startswith("From the 3 profiled step(s), 952.8 ms each; the run's steady "
+                                  "steps took 21.3 ms: the verdict describes the profiled window")
+    near = window_note({"explain": explain, "step_time_ms": 900.0})
+    assert near == {"text": "From the 3 profiled step(s), 952.8 ms each.", "severity": "note"}
+    assert window_note({}) is None

@@ -110,6 +110,12 @@ def test_runs_measured_under_a_cpu_hog_are_never_stated_as_a_speedup(home, cli):
         assert cli_result["samples_per_s"] == pytest.approx(run.summary["samples_per_s"])
         assert table.loc[run.id, "samples_per_s"] == pytest.approx(run.summary["samples_per_s"])
         assert run.summary["throughput_basis"] == "median over steady-state steps"
+        # the MFU too: Live reads the summary, Compare and the report the table
+        for key in ("mfu", "achieved_tflops"):
+            assert (cli_result.get(key) is None) == (run.summary.get(key) is None), key
+            if run.summary.get(key) is not None:
+                assert cli_result[key] == pytest.approx(run.summary[key]), key
+                assert table.loc[run.id, key] == pytest.approx(run.summary[key]), key
 
     text = findings(table.reset_index(), runs)
     line = next(t for t in text if t.startswith("bf16-amp:"))

@@ -275,6 +275,24 @@ def run_caveats(diff: dict, summary_a: dict, summary_b: dict) -> list[str]:
     return caveats
 
 
+def window_note(summary: dict) -> dict | None:
+    """What a run's window verdict (summary["explain"]) covers, as a caveat: its profiled
+    steps, and a warning when their step time is far from the run's steady median (a busy
+    machine, a first-steps effect): the verdict then describes the window, not the run."""
+    explain = summary.get("explain") or {}
+    window_ms = (explain.get("step_time_us") or 0.0) / 1000.0
+    steps = ((explain.get("accounting") or {}).get("window") or {}).get("step_count")
+    if not window_ms:
+        return None
+    text = f"From the {steps or 'few'} profiled step(s), {window_ms:,.1f} ms each"
+    steady_ms = summary.get("step_time_ms")
+    if steady_ms and abs(window_ms / steady_ms - 1.0) > WINDOW_DISAGREES:
+        return _caveat(f"{text}; the run's steady steps took {steady_ms:,.1f} ms: the verdict "
+                       "describes the profiled window, not the run (profile again on a quiet "
+                       "machine).")
+    return _caveat(f"{text}.", "note")
+
+
 def _caveat(text: str, severity: str = "warning") -> dict:
     """{"text", "severity"}: "warning" changes what the figures mean, "note" frames them."""
     return {"text": text, "severity": severity}

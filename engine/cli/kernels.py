@@ -97,6 +97,7 @@ def _target(text: str) -> tuple[str, object, object]:
 
     # late: explain imports pandas and the store SQLite; only `kernels` needs either
     from engine.analysis.explain import run_trace_path
+
     # late: opening the store only when an argument is not a file
     from engine.store import RunNotFound, Store
 

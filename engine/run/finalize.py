@@ -27,23 +27,30 @@ def finalize_run_data(store: Store, run_id: str) -> None:
 
         frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
         stats = frame_stats(frame)
-        store.merge_summary(run_id, {COMPARE_STATS_KEY: stats, **one_throughput_figure(stats),
-                                     **bound_by_with_data_wait(store.get_run(run_id).summary)})
+        summary = store.get_run(run_id).summary
+        store.merge_summary(run_id, {COMPARE_STATS_KEY: stats,
+                                     **one_throughput_figure(stats, summary),
+                                     **bound_by_with_data_wait(summary)})
     except Exception:  # noqa: BLE001 - the Compare page recomputes them from the rows
         traceback.print_exc()
 
 
-def one_throughput_figure(stats: dict) -> dict:
-    """The run's throughput and step time as every surface shows them: medians over its
-    steady-state steps (the Compare page's figures). The training loop's time-weighted
-    mean is kept beside them as samples_per_s_mean."""
+def one_throughput_figure(stats: dict, summary: dict | None = None) -> dict:
+    """The run's throughput, step time, achieved TFLOP/s and MFU as every surface shows
+    them: medians over its steady-state steps (the Compare page's figures). The training
+    loop's time-weighted mean is kept beside them as samples_per_s_mean; on a busy machine
+    the two differ (the mean follows the slow steps), and Live, Compare and the report must
+    not show two MFUs for one run. An MFU the run left out as implausible (summary mfu None
+    with its mfu_note) stays out."""
     steady = stats.get("steady") or {}
     if steady.get("basis") != "steady":
         return {}
     figures = {"throughput_basis": "median over steady-state steps"}
-    for key in ("samples_per_s", "tokens_per_s", "step_time_ms"):
+    for key in ("samples_per_s", "tokens_per_s", "step_time_ms", "achieved_tflops"):
         if steady.get(key) is not None:
             figures[key] = steady[key]
+    if steady.get("mfu") is not None and (summary or {}).get("mfu") is not None:
+        figures["mfu"] = steady["mfu"]
     return figures
 
 

@@ -77,7 +77,7 @@ def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
 
 BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_loader_us",
                  "exposed_communication_us", "idle_share", "median_kernel_us",
-                 "kernel_count", "sync_calls")
+                 "kernel_count", "sync_calls", "conv_kernel_us", "ops")
 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
