@@ -129,9 +129,11 @@ def gpu_accounting(accounting: dict) -> None:
                f"{_pct(accounting['idle_share'])}. Busy = any kernel, memcpy or memset running "
                "on any stream (the union, not the sum).")
     if window["source"] != "profiler steps":
-        st.caption("The trace has no ProfilerStep#N markers, so the window runs from its first "
-                   "to its last event and counts as one step: record the trace with "
-                   "torch.profiler's schedule (prof.step() each step) for per-step figures.")
+        counted = (f"its {window['step_count']} steps are counted from the Optimizer.step# "
+                   "spans" if window["step_count"] > 1 else
+                   "with no Optimizer.step# spans either, it counts as one step")
+        st.caption(f"The trace has no ProfilerStep#N markers: the window runs from its first "
+                   f"to its last event, and {counted}. No step can be picked on its own.")
     for row in ((("GPU busy", _ms(accounting["busy_us"]), None),
                  ("GPU idle", _ms(accounting["idle_us"]), None)),
                 (("Copy-engine transfers (memcpy/memset)", _ms(accounting["copy_us"]),
@@ -334,6 +336,7 @@ if source == "Upload a trace file":
         saved = [(upload.name, _saved_upload(upload))]
         if upload_b is not None:
             saved.append((upload_b.name, _saved_upload(upload_b)))
+        chosen_step = None
         try:
             result = analyze_trace_file(saved[0][1])
             chosen_step = step_choice(result, "trace_upload_step")
@@ -345,7 +348,8 @@ if source == "Upload a trace file":
             upload_b = None  # nothing to compare B with
         if upload_b is not None:
             try:
-                diff_report(explain_diff(saved[0][1], saved[1][1]),
+                # a chosen step of A is A's side of the comparison too
+                diff_report(explain_diff(saved[0][1], saved[1][1], step_a=chosen_step),
                             files=(upload.name, upload_b.name))
             except (ValueError, OSError) as exc:
                 st.error(plain(_upload_error(exc, saved, f"Cannot compare with {upload_b.name}")))

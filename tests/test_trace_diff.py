@@ -75,7 +75,7 @@ def test_cpu_fp32_vs_bf16_parts_add_up_to_the_measured_steps(cpu_runs):
 def _words(speedup: float) -> str:
     if abs(speedup - 1) <= 0.05:
         return "unchanged (1.0x)"
-    return f"{speedup:.1f}x" if speedup > 1 else f"{1 / speedup:.1f}x slower"
+    return f"{speedup:.1f}x faster" if speedup > 1 else f"{1 / speedup:.1f}x slower"
 
 
 def test_cpu_run_accounting_shows_casts_and_the_onednn_primitive(cpu_runs):
@@ -111,7 +111,7 @@ def test_two_gpu_traces():
     assert diff["step_time_a_us"] == pytest.approx(1049317.0 / 6, abs=1e-3)
     matrix = next(row for row in diff["parts"] if row["part"] == "matrix")
     assert matrix["speedup"] == pytest.approx(matrix["a_us"] / matrix["b_us"], rel=1e-3)
-    assert diff["sentence"].startswith("idle 44 % of the fp32 step")
+    assert diff["sentence"].startswith("Idle 44 % of the fp32 step")
     assert any(row["note"] and "fp32 matrix kernel" in row["note"] for row in diff["only_in_a"])
 
 
@@ -199,3 +199,17 @@ def test_cli_amd_trace_prints_no_compute_capability(tmp_path):
     assert "Device: AMD Instinct MI300X (AMD gfx942)" in result.stdout
     assert "compute capability" not in result.stdout
     assert "Matrix Cores (AMD MFMA): yes" in result.stdout
+
+
+def test_the_sentence_names_the_parts_that_moved_the_step():
+    """H100 BERT against H100 Qwen: the step is 10.6x slower because elementwise, matrix and
+    copies grew, not because idle (93 % of A, barely changed) did: parts are ordered by the
+    time they added or saved, not by their share of A."""
+    diff = explain_diff(TRACES / "h100_bert_small_tracelens.json.gz",
+                        TRACES / "h100_qwen_tracelens.json.gz")
+    sentence = diff["sentence"]
+    assert sentence.startswith("Elementwise 1 % of the bf16 (A) step, 599.2x slower in bf16 (B)")
+    assert sentence.index("matrix") < sentence.index("idle")
+    assert sentence.endswith("-> step 10.6x slower")
+    elementwise = next(r for r in diff["parts"] if r["part"] == "elementwise")
+    assert 0 < elementwise["speedup"] < 0.01  # kept, not rounded to 0.0

@@ -152,9 +152,15 @@ def _only_in(mine: dict, theirs: dict, steps: int) -> list[dict]:
     return rows[:ONLY_IN_LIMIT]
 
 
-def _sentence(rows: list[dict], label_a: str, label_b: str, step_speedup: float | None) -> str:
-    shown = [row for row in rows if row["share_of_a"] and row["share_of_a"] >= SENTENCE_MIN_SHARE]
-    shown.sort(key=lambda row: -row["share_of_a"])
+def _sentence(rows: list[dict], label_a: str, label_b: str, step_speedup: float | None,
+              step_a_us: float, step_b_us: float) -> str:
+    """Parts ordered by how much of the step change they carry (|A - B| per step: what
+    moves the total, Amdahl's law), each with its share of A and its speedup; a part below
+    5 % of A's step is named only when its change is 5 % of the larger step."""
+    larger_us = max(step_a_us, step_b_us)
+    shown = [row for row in rows if (row["share_of_a"] or 0) >= SENTENCE_MIN_SHARE
+             or (larger_us and abs(row["saved_us"]) >= SENTENCE_MIN_SHARE * larger_us)]
+    shown.sort(key=lambda row: -abs(row["saved_us"]))
     pieces = []
     for index, row in enumerate(shown[:5]):
         words = _speedup_words(row["speedup"], row["b_us"], row["part"])
@@ -167,7 +173,9 @@ def _sentence(rows: list[dict], label_a: str, label_b: str, step_speedup: float 
             pieces.append(f"{row['part']} {share_text(row['share_of_a'])}, {words}")
     total = _speedup_words(step_speedup, 1.0) if step_speedup else "n/a"
     total = total if total != "unchanged" else "unchanged (1.0x)"
-    return "; ".join(pieces) + f" -> step {total}"
+    total += " faster" if total.endswith("x") else ""
+    text = "; ".join(pieces) + f" -> step {total}"
+    return text[:1].upper() + text[1:]
 
 
 def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
@@ -203,13 +211,15 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
     for part in PARTS:
         a_us, b_us = acc_a["parts_per_step_us"][part], acc_b["parts_per_step_us"][part]
         rows.append({"part": part, "a_us": a_us, "b_us": b_us,
-                     "speedup": round(a_us / b_us, 3) if b_us > 0 and a_us > 0 else None,
+                     # 4 significant digits: round(x, 3) made a 600x slowdown 0.0
+                     "speedup": float(f"{a_us / b_us:.4g}") if b_us > 0 and a_us > 0 else None,
                      "share_of_a": shares_a.get(part) if step_a_us else None,
                      "saved_us": round(a_us - b_us, 3)})
     step_speedup = round(step_a_us / step_b_us, 3) if step_b_us else None
     names_a, names_b = _name_totals(parsed_a), _name_totals(parsed_b)
     device_a, device_b = parsed_a.table.attrs.get("device"), parsed_b.table.attrs.get("device")
-    caveats = []
+    caveats = [_caveat(f"{side}: ProfilerStep#{step} only", "note")
+               for side, step in (("A", step_a), ("B", step_b)) if step is not None]
     if device_a and device_b and device_a != device_b:
         caveats.append(_caveat(f"A ran on {device_a}, B on {device_b}: the parts compare two "
                                "different GPUs, not only two precisions"))
@@ -219,7 +229,8 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
         "device_a": device_a, "device_b": device_b, "caveats": caveats,
         "steps_a": acc_a["window"]["step_count"], "steps_b": acc_b["window"]["step_count"],
         "step_time_a_us": step_a_us, "step_time_b_us": step_b_us, "step_speedup": step_speedup,
-        "parts": rows, "sentence": _sentence(rows, label_a, label_b, step_speedup),
+        "parts": rows, "sentence": _sentence(rows, label_a, label_b, step_speedup, step_a_us,
+                                             step_b_us),
         "only_in_a": _only_in(names_a, names_b, acc_a["window"]["step_count"]),
         "only_in_b": _only_in(names_b, names_a, acc_b["window"]["step_count"]),
         "bound_by_a": bound_by(acc_a), "bound_by_b": bound_by(acc_b),

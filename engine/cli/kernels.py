@@ -279,8 +279,10 @@ def format_cpu_accounting(summary: dict) -> list[str]:
 
 
 def _side(letter: str, label: str) -> str:
-    """"A (fp32)", or just "A" when the label is the letter itself (two CPU traces)."""
-    return letter if label in (letter, f"{letter} ({letter})") else f"{letter} ({label})"
+    """"A (fp32)"; just "A" when the label is the letter itself (two CPU traces), and
+    "A (bf16)" for the label "bf16 (A)" that two same-dtype traces get."""
+    label = label.removesuffix(f" ({letter})")
+    return letter if label == letter else f"{letter} ({label})"
 
 
 def format_diff(diff: dict) -> str:
