@@ -19,6 +19,7 @@ from engine.analysis.explain import (
     explain_runs,
     only_in_rows,
     parts_rows,
+    speedup_text,
     window_note,
 )
 from engine.analysis.traces import share_text, short_kernel_name
@@ -283,7 +284,7 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     cols[0].metric(f"Step, A ({label_a})", _ms(diff["step_time_a_us"]))
     cols[1].metric(f"Step, B ({label_b})", _ms(diff["step_time_b_us"]))
     speedup = diff.get("step_speedup")
-    cols[2].metric("B against A", f"{speedup:.2f}x" if speedup else "n/a",
+    cols[2].metric("B against A (profiled steps)", speedup_text(speedup),
                    help="A's step time over B's: above 1, B is faster")
     st.dataframe(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts")
     st.caption(f"A is {diff['bound_by_a']['label']}; B is {diff['bound_by_b']['label']}.")

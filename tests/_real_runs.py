@@ -52,11 +52,12 @@ def write_rows(store: Store, cfg: RunConfig, rows: list[dict[str, Any]],
     return run_id
 
 
-def speed_word(row) -> str:
-    """The words the findings must use for one summary-table row: a difference only when
-    its interval excludes 1.0 and no run was measured on a busy machine."""
-    if row.get("busy"):
-        return "no speedup is stated"
+def speed_word(row, base=None) -> str:
+    """The words the findings must use for one summary-table row against its baseline row:
+    a difference only when its interval excludes 1.0 and neither run was measured on a
+    busy machine (a loaded CI machine makes either one busy)."""
+    if row.get("busy") or (base is not None and base.get("busy")):
+        return "not a speedup figure"
     if row.get("throughput_x_low") is None:
         return "no speedup is stated"
     if not row.get("throughput_significant"):

@@ -215,7 +215,7 @@ def test_summary_of_real_tiny_cpu_runs(store):
     assert table.loc[other, "throughput_x"] == pytest.approx(
         steady["samples_per_s"].median() / table.loc[base, "samples_per_s"])
     text = findings(table.reset_index(), [store.get_run(base), store.get_run(other)])
-    assert speed_word(table.loc[other]) in text[1]
+    assert speed_word(table.loc[other], table.loc[base]) in text[1]
 
 
 def _long_rows(steady_ms: float, loss_scale: float, steps: int = 40) -> list[dict]:
@@ -304,3 +304,19 @@ def test_numerics_demo_findings_speak_of_underflow_not_speed(store):
     assert text[-1].startswith("Speed is not compared here")
     joined = " ".join(text)
     assert "faster" not in joined and "slower" not in joined
+
+
+def test_no_fastest_run_is_named_when_a_run_was_measured_on_a_busy_machine(store, three_runs):
+    base, fast, slow = three_runs
+    busy = {"busy": True, "busy_share": 1.0, "samples": 9, "cores": 2,
+            "words": "measured while the machine was busy (load 3.0 on 2 cores): throughput "
+                     "figures are unreliable"}
+    store.merge_summary(fast, {"contention": busy})
+    table = summary_table(store, [base, fast, slow])
+    text = findings(table, {i: store.get_run(i) for i in (base, fast, slow)})
+    assert not any(line.startswith("Fastest:") for line in text)
+    assert any(line.startswith("No fastest run is named") for line in text)
+    bf16 = next(line for line in text if line.startswith("bf16-amp:"))
+    assert bf16.startswith("bf16-amp: throughput 2.00x fp32's, not a speedup figure: bf16-amp "
+                           "was measured while the machine was busy")
+    assert "faster than" not in bf16

@@ -77,7 +77,8 @@ def test_compare_page_draws_the_preset_with_the_engines_numbers(lab):
     text = re.sub(r"\\(.)", r"\1", "\n".join(md.value for md in at.markdown))
     for statement in findings(expected, [store.get_run(i) for i in ids]):
         assert f"- {statement}" in text
-    assert speed_word(expected.set_index("run_id").loc[ids[1]]) in text
+    by_id = expected.set_index("run_id")
+    assert speed_word(by_id.loc[ids[1]], by_id.loc[ids[0]]) in text
 
     (button,) = at.get("download_button")
     assert button.label == "Download HTML report"
@@ -199,7 +200,7 @@ def test_compare_page_on_real_worker_runs_end_to_end(home):
         run = store.get_run(run_id)
         line = next(l for l in text.splitlines() if l.startswith(f"- {run.config.precision}:"))
         x = expected.loc[run_id, "throughput_x"]
-        assert speed_word(expected.loc[run_id]) in line
+        assert speed_word(expected.loc[run_id], expected.loc[ids[0]]) in line
         evidence = run.summary.get("cpu_evidence") or {}
         assert evidence.get("headline"), "the profiled CPU run recorded its oneDNN evidence"
         if x <= 0.95 and "emulated" in evidence.get("verdict", ""):

@@ -156,7 +156,7 @@ def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
     # the same comparison as Compare's: it says it covers the profiled steps only
     assert any("From the profiled steps only" in c.value for c in at.caption)
     labels = [m.label for m in at.metric]
-    assert "B against A" in labels
+    assert "B against A (profiled steps)" in labels
     assert any(label.startswith("Step, A (") and "fp32" in label for label in labels)
 
 

@@ -599,8 +599,8 @@ def _speed_text(row: dict[str, Any], base: dict[str, Any]) -> str:
         return "no steady-state throughput to compare"
     busy = next((r for r in (row, base) if r.get("busy")), None)
     if busy is not None:
-        return (f"throughput {x:.2f}x {base['name']}'s, but {busy['name']} was "
-                f"{busy['contention_words']}: no speedup is stated from it")
+        return (f"throughput {x:.2f}x {base['name']}'s, not a speedup figure: "
+                f"{busy['name']} was {busy['contention_words']}")
     low, high = row.get("throughput_x_low"), row.get("throughput_x_high")
     if low is None or high is None:
         return (f"throughput {x:.2f}x {base['name']}'s (too few steady steps for an "
@@ -696,7 +696,11 @@ def _why_slower(row: dict[str, Any], run: RunRecord | None) -> str:
 def _closing_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecord]) -> list[str]:
     notes = []
     timed = [r for r in rows if r["throughput_x"] is not None]
-    if len(timed) >= 3:
+    trusted = [r for r in timed if not r.get("busy")]  # a busy run ranks nothing
+    if len(timed) >= 3 and len(trusted) < len(timed):
+        notes.append("No fastest run is named: some of these runs were measured while the "
+                     "machine was busy.")
+    elif len(timed) >= 3:
         fastest = max(timed, key=lambda r: r["throughput_x"])
         notes.append(f"Fastest: {fastest['name']}" + (
             " (the baseline)." if fastest["is_baseline"]
