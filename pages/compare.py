@@ -18,11 +18,13 @@ from engine.analysis.compare import (
     display_names,
     findings,
     metrics_frames,
+    mfu_text,
     steady_medians,
     summary_table,
 )
 from engine.analysis.explain import explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
+from engine.analysis.traces import share_text
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
 from engine.presets import launch_many, numerics_demo_configs
@@ -191,7 +193,11 @@ shown_table = table.assign(
     machine=["busy: unreliable" if busy else "quiet" if busy is False else "not measured"
              for busy in table["busy"]],
     # One memory unit everywhere (binary: MiB, GiB), as in the findings.
-    peak_memory=[fmt_bytes(v) for v in table["peak_mem_bytes"]])
+    peak_memory=[fmt_bytes(v) for v in table["peak_mem_bytes"]],
+    # Shares as the findings and the report write them: never "100%" for 0.99998
+    tensor_core_share=[share_text(v, 1) if pd.notna(v) else "n/a"
+                       for v in table["tensor_core_share"]],
+    mfu=[mfu_text(v) if pd.notna(v) else "n/a" for v in table["mfu"]])
 st.dataframe(
     shown_table[SUMMARY_COLUMNS], key="compare_summary", hide_index=True,
     column_config={
@@ -210,8 +216,8 @@ st.dataframe(
                                                             format="%.2g"),
         "max_batch_fit": st.column_config.NumberColumn("max batch fit"),
         "skipped_steps": st.column_config.NumberColumn("skipped steps"),
-        "tensor_core_share": st.column_config.NumberColumn("Tensor-Core share", format="percent"),
-        "mfu": st.column_config.NumberColumn("MFU", format="percent"),
+        "tensor_core_share": st.column_config.TextColumn("Tensor-Core share"),
+        "mfu": st.column_config.TextColumn("MFU"),
         "steady_basis": st.column_config.TextColumn("timing basis"),
     })
 

@@ -11,6 +11,7 @@ import time
 import pandas as pd
 import streamlit as st
 
+from engine.analysis.compare import mfu_text
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
 from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
@@ -182,7 +183,7 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     # The tile is chosen by whether a peak is known (fixed before the first step), not by
     # whether a value has arrived yet, so it does not flip between the two while running.
     if summary.get("peak_flops"):
-        cols[4].metric("MFU", f"{100 * head.mfu:.2f} %" if head.mfu else "n/a",
+        cols[4].metric("MFU", mfu_text(head.mfu) if head.mfu else "n/a",
                        help=f"Against the {summary.get('peak_source', 'device')} peak for this "
                             f"precision. {summary.get('mfu_note') or ''}")
     else:

@@ -585,10 +585,15 @@ def _run_sentence(row: dict[str, Any], base: dict[str, Any], run: RunRecord | No
     if row["tensor_core_share"] is not None:  # only where a kernel breakdown measured it
         parts.append(f"{share_text(row['tensor_core_share'])} of GPU kernel time on Tensor Cores")
     if row["mfu"] is not None:
-        parts.append(f"MFU {row['mfu'] * 100:.1f} %")
+        parts.append(f"MFU {mfu_text(row['mfu'])}")
     text = f"{row['name']}: " + ", ".join(p for p in parts if p)
     text += _status_suffix(row) + _basis_suffix(row) + "."
     return text + _why_slower(row, run)
+
+
+def mfu_text(mfu: float) -> str:
+    """MFU as every surface writes it: "42.0 %"; a small one keeps two digits ("0.34 %")."""
+    return f"{mfu * 100:.1f} %" if mfu >= 0.01 else f"{mfu * 100:.2g} %"
 
 
 def _speed_text(row: dict[str, Any], base: dict[str, Any]) -> str:

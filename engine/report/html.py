@@ -28,6 +28,7 @@ from engine.analysis.compare import (
     display_names,
     findings,
     metrics_frames,
+    mfu_text,
     steady_medians,
     summary_table,
 )
@@ -242,7 +243,7 @@ _SUMMARY_COLUMNS = [
     ("final_loss", "final loss", "{:.4f}"), ("final_loss_diff_pct", "final loss diff (%)", "{:+.2f}"),
     ("loss_tolerance_pct", "loss tolerance (±%)", "{:.2g}"), ("max_batch_fit", "max batch fit", "{:d}"),
     ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "share"),
-    ("mfu", "MFU", "{:.1%}"), ("steady_basis", "timing basis", None),
+    ("mfu", "MFU", "mfu"), ("steady_basis", "timing basis", None),
 ]
 
 
@@ -271,7 +272,9 @@ def _fmt_cell(value: Any, fmt: str | None) -> str:
     if fmt == "mib":
         return f"{value / 2**20:,.1f}"
     if fmt == "share":  # never "100 %" while some of it ran elsewhere
-        return share_text(value)
+        return share_text(value, 1)
+    if fmt == "mfu":
+        return mfu_text(value)
     if fmt == "{:d}":
         return str(int(value))
     return fmt.format(value)
