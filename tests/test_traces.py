@@ -534,6 +534,8 @@ def test_a_gzip_bomb_is_refused_at_the_limit_with_bounded_memory(tmp_path):
     (b"[]", "the trace has no events"),
     (bytes(range(256)) * 4, "content that is neither gzip nor JSON"),
     (b"[1, 2, \xff\xfe]", "content that is neither gzip nor JSON text"),
+    (b'[{"a": 1}]', "1 event(s), none of them a profiler event"),
+    (b'{"traceEvents": [{"ph": "M", "name": "process_name"}]}', "none of them a profiler event"),
 ])
 def test_malformed_trace_documents_are_refused_in_words(tmp_path, content, words):
     path = tmp_path / "upload.json.gz"

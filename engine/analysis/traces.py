@@ -512,6 +512,10 @@ def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
             defects["malformed_events"] += 1
         elif kind is _BadDuration:
             defects[f"{event[1]}_duration"] += 1
+    if not (kernels or all_launches or ops or copies or spans):
+        raise ValueError(f"{_source_name(path_or_fileobj)}: {len(events):,} event(s), none of "
+                         "them a profiler event (kernel, CPU op, runtime call, memcpy/memset, "
+                         "annotation), so not a PyTorch profiler trace")
     del events
     entries = [entry for entry in properties if isinstance(entry, dict)]
     device = _device_from_properties(entries, kernels)
