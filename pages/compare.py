@@ -24,7 +24,7 @@ from engine.analysis.compare import (
 )
 from engine.analysis.explain import explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
-from engine.analysis.traces import share_text
+from engine.analysis.traces import share_text, short_kernel_name
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
 from engine.presets import launch_many, numerics_demo_configs
@@ -260,7 +260,8 @@ for other in (r for r in runs if r.id != baseline):
             *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]
     if only:
         st.caption("Kernels/ops in one run only: " + "; ".join(
-            f"{plain(where)}: {plain(r['name'][:60])} ({r['us_per_step']:,.0f} µs/step"
+            f"{plain(where)}: {plain(short_kernel_name(r['name'], 60))} "
+            f"({r['us_per_step'] / 1000:,.3f} ms/step"
             + (f", {plain(r['note'])}" if r.get("note") else "") + ")" for where, r in only))
 if not compared_any:
     st.caption("No two of these runs have a profiler window to compare (runs record one "

@@ -37,6 +37,9 @@ UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
 WINDOW_DISAGREES = 0.25
 SENTENCE_MIN_SHARE = 0.05  # parts below 5 % of A's step stay out of the sentence
 ONLY_IN_LIMIT = 10
+# The profiler's span around each autograd node ("...: ToCopyBackward0") encloses the node's
+# own span: listing both would count one backward op twice.
+_AUTOGRAD_WRAPPER = "autograd::engine::evaluate_function: "
 # GPU: the dtype-converting copy kernels; CPU: the cast ops and their autograd nodes.
 _CAST_NAME = re.compile(r"(?<![a-z])(?:to_copy|_to_copy|convert\w*|cast)(?![a-z])|ToCopyBackward")
 
@@ -124,6 +127,8 @@ def _name_totals(parsed: ParsedTrace) -> dict[str, dict]:
             entry["count"] += group.count
         return totals
     for name, start, end, *_ in parsed.cpu_ops:
+        if name.startswith(_AUTOGRAD_WRAPPER):  # wraps the node it names: counted once
+            continue
         entry = totals.setdefault(name, {"us": 0.0, "count": 0, "category": None})
         entry["us"] += end - start
         entry["count"] += 1
@@ -312,8 +317,8 @@ def _caveat(text: str, severity: str = "warning") -> dict:
 def only_in_rows(rows: list[dict]) -> list[dict]:
     """explain_diff's only_in_a/only_in_b as table rows (short names, ms per step)."""
     return [{"kernel or op": short_kernel_name(row["name"]),
-             "ms_per_step": row["us_per_step"] / 1000, "count": row["count"],
-             "note": row["note"] or ""} for row in rows]
+             "ms_per_step": round(row["us_per_step"] / 1000, 3), "count": row["count"],
+             "note": row["note"] or "", "full name": row["name"]} for row in rows]
 
 
 def speedup_text(speedup: float | None) -> str:
@@ -329,12 +334,14 @@ def parts_rows(diff: dict) -> list[dict]:
     for part in diff["parts"]:
         if not part["a_us"] and not part["b_us"]:
             continue
-        rows.append({"part": part["part"], f"{diff['label_a']} (ms/step)": part["a_us"] / 1000,
-                     f"{diff['label_b']} (ms/step)": part["b_us"] / 1000,
+        rows.append({"part": part["part"],
+                     f"{diff['label_a']} (ms/step)": round(part["a_us"] / 1000, 3),
+                     f"{diff['label_b']} (ms/step)": round(part["b_us"] / 1000, 3),
                      "share of A's step": share_text(part["share_of_a"], 1),
                      "speedup": speedup_text(part["speedup"])})
-    rows.append({"part": "step", f"{diff['label_a']} (ms/step)": diff["step_time_a_us"] / 1000,
-                 f"{diff['label_b']} (ms/step)": diff["step_time_b_us"] / 1000,
+    rows.append({"part": "step",
+                 f"{diff['label_a']} (ms/step)": round(diff["step_time_a_us"] / 1000, 3),
+                 f"{diff['label_b']} (ms/step)": round(diff["step_time_b_us"] / 1000, 3),
                  "share of A's step": "100.0 %",
                  "speedup": speedup_text(diff["step_speedup"])})
     return rows

@@ -129,7 +129,7 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; padding: 0 1.5rem; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
@@ -145,7 +145,7 @@ pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem;
 @page { margin: 12mm; }
 @media print {
   /* Paper cannot scroll: everything wraps to the page width (A4 and Letter). */
-  body { margin: 0; max-width: none; }
+  body { margin: 0; padding: 0; max-width: none; }
   .table-wrap { overflow: visible; }
   table { font-size: 6.5pt; width: 100%; table-layout: auto; }
   th, td { padding: 1px 2px; overflow-wrap: anywhere; }
@@ -300,7 +300,8 @@ def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame)
         header = list(rows[0])
         caveats = "".join(f"<p class={'warn' if c['severity'] == 'warning' else 'meta'}>"
                           f"{_e(c['text'])}</p>" for c in diff.get("caveats") or [])
-        blocks.append(f"<p>{_e(diff['sentence'])}</p>" + caveats + _html_table(
+        blocks.append(f"<h3>{_e(run.config.label)} vs {_e(runs[base_id].config.label)}</h3>"
+                      f"<p>{_e(diff['sentence'])}</p>" + caveats + _html_table(
             header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float) else row[h]
                       for h in header] for row in rows], {1, 2}) + _only_in_html(diff))
     return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"
