@@ -262,11 +262,23 @@ def cpu_accounting(result: dict) -> None:
                         "and `aten::copy_`")
     cols[2].metric("Outside any op (Python, framework)", _pct(accounting["idle_share"]))
     parts_table(accounting, "cpu_parts")
+    steps = accounting["window"]["step_count"]
     if accounting.get("matrix_ops"):
-        st.caption("Matrix ops and the oneDNN primitive behind them")
-        st.dataframe(pd.DataFrame(accounting["matrix_ops"]), hide_index=True, key="cpu_matrix_ops")
-    st.caption("CPU ops by self time")
-    st.dataframe(pd.DataFrame(accounting["ops"]), hide_index=True, key="cpu_ops")
+        st.caption(f"Matrix ops and the oneDNN primitive behind them (self time over the whole "
+                   f"window, {steps} step(s))")
+        st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["matrix_ops"]]),
+                     hide_index=True, key="cpu_matrix_ops")
+    st.caption(f"CPU ops by self time over the whole window ({steps} step(s); the parts table "
+               "above is per step)")
+    st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["ops"]]),
+                 hide_index=True, key="cpu_ops")
+
+
+def _ms_columns(row: dict) -> dict:
+    """`*_us` columns as `*_ms` (3 decimals), the unit of every other table here."""
+    return {(key[:-3] + "_ms" if key.endswith("_us") else key):
+            (round(value / 1000, 3) if key.endswith("_us") and value is not None else value)
+            for key, value in row.items()}
 
 
 def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:

@@ -147,6 +147,9 @@ def test_cpu_run_shows_its_own_breakdown_and_two_runs_compare(store):
     assert "Casts (dtype conversions)" in labels
     parts = next(df.value for df in at.dataframe if "time_ms_per_step" in df.value.columns)
     assert "idle" in list(parts["part"])
+    ops = next(df.value for df in at.dataframe if "cpu_op" in df.value.columns
+               and "self_ms" in df.value.columns)
+    assert not any(column.endswith("_us") for column in ops.columns)  # ms, like the rest
     at.selectbox(key="kernels_compare_run").set_value(bf16).run()
     assert not at.exception, at.exception
     assert any("-> step" in box.value.replace("\\", "") for box in at.info)
