@@ -92,7 +92,7 @@ if cfg.is_speedup_check:  # no metric rows: nothing to smooth or export, one act
                  help="Opens Launch with this check's model and batch filled in"):
         relaunch(run)
 else:
-    opt_smooth, opt_log, opt_relaunch, opt_csv, opt_parquet = st.columns([3, 1, 2, 1, 1])
+    opt_smooth, opt_log, opt_relaunch, opt_csv, opt_parquet = st.columns([3, 1.3, 2, 1, 1])
     opt_smooth.slider("Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01, key="live_smoothing",
                       help="The smoothed line is drawn over the raw points, which stay visible")
     opt_log.toggle("Log y", key="live_log", help="Loss and throughput on a log scale")
@@ -170,11 +170,12 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     cols = st.columns(5)
     cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
-    cols[1].metric(f"Throughput, steady median ({head.throughput_unit})",
+    cols[1].metric(f"Throughput ({head.throughput_unit})",
                    fmt_num(head.throughput, 5),
                    help="Median over steady-state steps (warm-up and profiler window "
                         "excluded): the same figure as on Runs, Compare, the report and the CLI")
-    cols[2].metric("Step time, steady median", fmt_num(head.step_time_ms, 4, " ms"))
+    cols[2].metric("Step time", fmt_num(head.step_time_ms, 4, " ms"),
+                   help="Median over steady-state steps, as on Runs, Compare and the report")
     busy = busy_words(summary, frame)
     if busy:
         st.warning(busy)

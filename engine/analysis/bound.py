@@ -32,7 +32,8 @@ ADVICE = {
                       "bf16 gradient communication (DDP bf16_compress_hook) halves the bytes"],
     "memory": ["torch.compile fuses elementwise and normalisation kernels (fewer round trips "
                "to memory)",
-               "Lower precision halves the bytes these kernels move"],
+               "Where these kernels still run in fp32, bf16/fp16 autocast halves the bytes "
+               "they move"],
     "math": ["Matrix work dominates: bf16/fp16 (or fp8 on Hopper+) on Tensor Cores pays "
              "directly",
              "Keep matrix dimensions multiples of 8 (16 for fp8) so the fast kernels are chosen"],
