@@ -170,7 +170,7 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     cols = st.columns(5)
     cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
-    cols[1].metric(f"Throughput ({head.throughput_unit})",
+    cols[1].metric(head.throughput_unit.capitalize(),  # "Tokens/s": short enough to show
                    fmt_num(head.throughput, 5),
                    help="Median over steady-state steps (warm-up and profiler window "
                         "excluded): the same figure as on Runs, Compare, the report and the CLI")

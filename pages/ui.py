@@ -142,6 +142,8 @@ def fmt_bytes(value) -> str:
 def fmt_num(value, digits: int = 4, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
+    if abs(value) >= 10 ** digits:  # "111,487", not "1.1149e+05"
+        return f"{value:,.0f}{suffix}"
     return f"{value:,.{digits}g}{suffix}"
 
 

@@ -121,6 +121,11 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     assert spec["data"][0]["y"] == pytest.approx(stored["loss"].tolist())
     assert spec["data"][0]["y"][-1] < spec["data"][0]["y"][0]  # the loss fell
     assert _wait_final(store, run.id) == "finished"
+    # the headline tiles read as numbers: "111,487", never "1.1149e+05" cut to "1.1149e…"
+    at.run()
+    tiles = {m.label: m.value for m in at.metric}
+    throughput = tiles["Tokens/s"]
+    assert "e+" not in throughput and float(throughput.replace(",", "")) > 0
 
 
 @pytest.mark.timeout(240)
