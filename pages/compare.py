@@ -33,7 +33,7 @@ from engine.report.html import build_html
 from engine.run.launcher import reconcile
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
-from pages.ui import ensure_app_shell, fmt_bytes, get_store, plain, status_badge
+from pages.ui import ensure_app_shell, fmt_bytes, get_store, plain, show_caveat, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -254,7 +254,7 @@ for other in (r for r in runs if r.id != baseline):
         continue
     st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}:** {plain(diff['sentence'])}")
     for caveat in diff.get("caveats") or []:
-        (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
+        show_caveat(caveat)
     st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")
     only = [*(("only in " + names[baseline], r) for r in diff["only_in_a"][:5]),
             *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]

@@ -22,10 +22,10 @@ from engine.analysis.explain import (
     speedup_text,
     window_note,
 )
-from engine.analysis.traces import share_text, short_kernel_name
+from engine.analysis.traces import load_trace, share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
-from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, status_badge
+from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, show_caveat, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -291,7 +291,7 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
         st.caption(f"A: {plain(files[0])} · B: {plain(files[1])}")
     st.info(plain(diff["sentence"]))
     for caveat in diff.get("caveats") or []:
-        (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
+        show_caveat(caveat)
     cols = st.columns(3)
     cols[0].metric(f"Step, A ({label_a})", _ms(diff["step_time_a_us"]))
     cols[1].metric(f"Step, B ({label_b})", _ms(diff["step_time_b_us"]))
@@ -349,12 +349,13 @@ if source == "Upload a trace file":
         saved = [(upload.name, _saved_upload(upload))]
         if upload_b is not None:
             saved.append((upload_b.name, _saved_upload(upload_b)))
-        chosen_step = None
+        chosen_step, parsed_a = None, None
         try:
-            result = analyze_trace_file(saved[0][1])
+            parsed_a = load_trace(saved[0][1])  # once: the step view and the diff reuse it
+            result = analyze_trace_file(parsed_a)
             chosen_step = step_choice(result, "trace_upload_step")
             if chosen_step is not None:
-                result = analyze_trace_file(saved[0][1], step=chosen_step)
+                result = analyze_trace_file(parsed_a, step=chosen_step)
             report(result)
         except (ValueError, OSError) as exc:
             st.error(plain(_upload_error(exc, saved, f"Cannot read {upload.name}")))
@@ -362,7 +363,7 @@ if source == "Upload a trace file":
         if upload_b is not None:
             try:
                 # a chosen step of A is A's side of the comparison too
-                diff_report(explain_diff(saved[0][1], saved[1][1], step_a=chosen_step),
+                diff_report(explain_diff(parsed_a, saved[1][1], step_a=chosen_step),
                             files=(upload.name, upload_b.name))
             except (ValueError, OSError) as exc:
                 st.error(plain(_upload_error(exc, saved, f"Cannot compare with {upload_b.name}")))
@@ -397,7 +398,7 @@ if run.summary.get("profile_error"):
     st.error(f"Profiler: {plain(run.summary['profile_error'])}")
 note = window_note(run.summary)  # what the window covers, and whether it represents the run
 if note:
-    (st.warning if note["severity"] == "warning" else st.caption)(plain(note["text"]))
+    show_caveat(note)
 if run.summary.get("gpm_tensor_util_pct") is not None:
     st.metric("Tensor-pipe activity (NVML GPM counter)",
               f"{run.summary['gpm_tensor_util_pct']:.1f} %", help=run.summary.get("gpm_note"))

@@ -41,6 +41,7 @@ from pages.ui import (
     get_store,
     plain,
     relaunch,
+    show_caveat,
     status_badge,
 )
 
@@ -235,7 +236,7 @@ def matrix_unit_badge(run) -> None:
                 + "".join(f"\n- {plain(tip)}" for tip in bound.get("advice", [])[:3]))
         note = window_note(summary)
         if note:
-            (st.warning if note["severity"] == "warning" else st.caption)(plain(note["text"]))
+            show_caveat(note)
     if verdict or cpu or explain:
         st.page_link("pages/kernels.py", label="Kernel breakdown", icon=":material/memory:")
 

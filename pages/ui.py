@@ -124,6 +124,12 @@ def plain(text) -> str:
     return _MARKDOWN_SPECIALS.sub(r"\\\1", str(text))
 
 
+def show_caveat(caveat: dict) -> None:
+    """An engine caveat ({"text", "severity"}): a warning changes what the figures beside it
+    mean, a note frames them. The text may hold run names: shown literally."""
+    (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
+
+
 def status_badge(status: str) -> str:
     return f"{STATUS_ICONS.get(status, '•')} {status}"
 

@@ -79,6 +79,11 @@ def server(browser, tmp_path):
 
     Teardown: the server's process group, then every run still active in that home
     (engine.run.launcher.stop, then SIGKILL of any worker group left)."""
+    yield from _served_app(tmp_path)
+
+
+def _served_app(tmp_path):
+    """Start a server in tmp_path, yield it, then stop it and every run it left active."""
     srv = StreamlitServer(home=tmp_path / "lab_home", log_dir=tmp_path / "logs")
     try:
         srv.start()
@@ -416,13 +421,7 @@ def test_launch_refuses_an_out_of_range_batch_size_on_screen(server, page, store
 def workload_server(browser, tmp_path, monkeypatch):
     """The app with PRECISION_LAB_WORKLOADS pointing at the shipped example workloads."""
     monkeypatch.setenv("PRECISION_LAB_WORKLOADS", str(REPO_ROOT / "examples" / "workloads"))
-    srv = StreamlitServer(home=tmp_path / "lab_home", log_dir=tmp_path / "logs")
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.stop()
-        stop_all_runs(srv.home)
+    yield from _served_app(tmp_path)
 
 
 def _launch_example_workload(page, server, precision: str) -> str:

@@ -485,6 +485,7 @@ def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     """Parse a trace once. Raises ValueError naming the file when it cannot be read or is
     not a profiler trace."""
     events, properties = _parse_trace(path_or_fileobj)
+    source = _source_name(path_or_fileobj)
     kernels: list[_Kernel] = []
     launches: dict[Any, _Launch] = {}
     all_launches: list[_Launch] = []
@@ -513,14 +514,13 @@ def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
         elif kind is _BadDuration:
             defects[f"{event[1]}_duration"] += 1
     if not (kernels or all_launches or ops or copies or spans):
-        raise ValueError(f"{_source_name(path_or_fileobj)}: {len(events):,} event(s), none of "
+        raise ValueError(f"{source}: {len(events):,} event(s), none of "
                          "them a profiler event (kernel, CPU op, runtime call, memcpy/memset, "
                          "annotation), so not a PyTorch profiler trace")
     del events
     entries = [entry for entry in properties if isinstance(entry, dict)]
     device = _device_from_properties(entries, kernels)
     table = _build_table(kernels, launches, ops)
-    source = _source_name(path_or_fileobj)
     table.attrs.update(source=source, device=device["name"],
                        compute_capability=device["compute_capability"],
                        vendor=device["vendor"], arch=device["arch"],

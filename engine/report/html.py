@@ -296,14 +296,11 @@ def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame)
         if diff.get("error"):
             blocks.append(f"<p class=meta>{_e(run.config.label)}: {_e(diff['error'])}</p>")
             continue
-        rows = parts_rows(diff)
-        header = list(rows[0])
         caveats = "".join(f"<p class={'warn' if c['severity'] == 'warning' else 'meta'}>"
                           f"{_e(c['text'])}</p>" for c in diff.get("caveats") or [])
         blocks.append(f"<h3>{_e(run.config.label)} vs {_e(runs[base_id].config.label)}</h3>"
-                      f"<p>{_e(diff['sentence'])}</p>" + caveats + _html_table(
-            header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float) else row[h]
-                      for h in header] for row in rows], {1, 2}) + _only_in_html(diff))
+                      f"<p>{_e(diff['sentence'])}</p>" + caveats
+                      + _records_table(parts_rows(diff)) + _only_in_html(diff))
     return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"
 
 
@@ -313,11 +310,16 @@ def _only_in_html(diff: dict) -> str:
     for key, label in (("only_in_a", diff["label_a"]), ("only_in_b", diff["label_b"])):
         rows = only_in_rows(diff[key])
         if rows:
-            header = list(rows[0])
-            blocks.append(f"<p class=meta>Only in {_e(label)}:</p>" + _html_table(
-                header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float)
-                          else row[h] for h in header] for row in rows], {1, 2}))
+            blocks.append(f"<p class=meta>Only in {_e(label)}:</p>" + _records_table(rows))
     return "".join(blocks)
+
+
+def _records_table(rows: list[dict]) -> str:
+    """Rows of one shape (explain.parts_rows, only_in_rows) as a table: floats as ms to
+    3 decimals, columns 1 and 2 right-aligned (their numbers)."""
+    header = list(rows[0])
+    return _html_table(header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float)
+                                 else row[h] for h in header] for row in rows], {1, 2})
 
 
 def _config_diff_html(runs: Mapping[str, RunRecord]) -> str:
