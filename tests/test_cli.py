@@ -215,23 +215,46 @@ def test_invalid_input_exits_2_with_one_line_naming_the_field(invalid_results, a
         assert Store(home).list_runs() == [], "invalid input must not create a run"
 
 
-def test_every_command_prints_its_help():
-    """`python -m engine COMMAND --help` for every command (a field docstring with "95 %"
-    once crashed argparse's %-formatting of `run --help`)."""
+def _parser_tree(parser, path=()):
+    """(path, parser) for `parser` and every sub-command under it, nested ones included."""
     import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parser_tree(sub, (*path, name))
+
+
+def test_help_at_every_level_exits_0():
+    """`python -m engine --help`, `python -m engine COMMAND --help` and every nested
+    sub-command's help, through main() as a user calls it. A sub-command's help text
+    "95 % intervals" once crashed the top level (argparse %-formats every help string);
+    a field docstring with "95 %" once crashed `run --help`."""
     import contextlib
     import io
 
-    from engine.cli.main import build_parser
+    from engine.cli.main import build_parser, main
 
-    parser = build_parser()
-    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert {"run", "launch", "speedup", "maxbatch", "kernels"} <= set(commands.choices)
-    for name, sub in commands.choices.items():
+    paths = [path for path, _ in _parser_tree(build_parser())]
+    assert () in paths and ("sweep", "create") in paths and ("speedup",) in paths
+    for path in paths:
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
-            sub.parse_args(["--help"])
-        assert stop.value.code == 0, name
-        assert "usage:" in out.getvalue(), name
-    run_help = commands.choices["run"].format_help()
-    assert "95 % interval" in run_help  # the docstring as written, "%%" unescaped
+            main([*path, "--help"])
+        assert stop.value.code == 0, path
+        assert "usage:" in out.getvalue(), path
+    top = io.StringIO()
+    with contextlib.redirect_stdout(top), pytest.raises(SystemExit):
+        main(["--help"])
+    assert "95 % intervals" in top.getvalue()  # the literal text, no "%%" shown
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "95 % interval" in run_help and "%%" not in run_help
+
+
+def test_escape_help_percent_keeps_argparse_placeholders():
+    from engine.cli.errors import escape_help_percent
+
+    assert escape_help_percent("95 % CI") == "95 %% CI"
+    assert escape_help_percent("within this %% of") == "within this %% of"
+    assert escape_help_percent("default %(default)s, 3 %") == "default %(default)s, 3 %%"

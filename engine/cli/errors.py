@@ -8,6 +8,7 @@ the field, the value and the fix.
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -36,7 +37,31 @@ class UsageError(Exception):
     """Bad input from the command line: printed as one line, exit code 2."""
 
 
+# A lone "%" in a help text ("95 % intervals") is literal; "%%" and "%(default)s" are
+# argparse's own. argparse %-formats every help string, so a lone "%" crashed `--help`.
+_HELP_PERCENT_RE = re.compile(r"%%|%\(|%")
+
+
+def escape_help_percent(text: str) -> str:
+    """`text` with each literal "%" doubled for argparse; "%%" and "%(name)s" kept."""
+    return _HELP_PERCENT_RE.sub(lambda m: "%%" if m.group() == "%" else m.group(), text)
+
+
+class _PercentSafeFormatter(argparse.HelpFormatter):
+    def _expand_help(self, action: argparse.Action) -> str:
+        if action.help:
+            action = copy.copy(action)
+            action.help = escape_help_percent(action.help)
+        return super()._expand_help(action)
+
+
 class Parser(argparse.ArgumentParser):
+    """Every CLI parser: errors as one line (exit 2), help that any text can go into."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _PercentSafeFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, no usage dump, exit 2
         raise UsageError(message)
 
