@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.analysis.speedup import is_significant
+from engine.analysis.speedup import stored_verdict
 from engine.report.figures import speedup_forest_figure
 from pages.ui import fmt_bytes, fmt_num, plain
 
 
-def _row_cells(row: dict, baseline: str, busy: bool) -> dict:
+def _row_cells(row: dict, result: dict) -> dict:
+    baseline = result.get("baseline")
     interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}" if row.get("ci_low") is not None
                 and row["mode"] != baseline else "")
-    verdict = row.get("words") or ""
-    if busy and row["mode"] != baseline and is_significant(row):
-        verdict += " (machine busy: not a claim)"
+    _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
     return {"mode": row["mode"], "median step (ms)": fmt_num(row.get("median_step_ms"), 4),
             "throughput (samples/s)": fmt_num(row.get("samples_per_s"), 5),
             "speedup": fmt_num(row.get("speedup"), 3), "95 % interval": interval,
@@ -45,7 +44,7 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
         st.caption(plain(contention["words"]))
     st.plotly_chart(theme=None, figure_or_data=speedup_forest_figure(result), key=f"{key}_forest")
     baseline = result.get("baseline")
-    st.dataframe([_row_cells(row, baseline, busy) for row in result.get("modes", [])],
+    st.dataframe([_row_cells(row, result) for row in result.get("modes", [])],
                  hide_index=True, width="stretch")
     st.caption(
         f"{result.get('rounds')} rounds of {result.get('block_steps')} steps per mode, "

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from engine.analysis.numerics import numerics_findings
-from engine.analysis.speedup import BOOTSTRAP_SEED, CONFIDENCE, MIN_ROUNDS
+from engine.analysis.speedup import CONFIDENCE
 from engine.analysis.traces import share_text
 from engine.config import Precision, RunConfig
 from engine.schema import FINISHED, STEADY, WARMUP, throughput_column, throughput_unit
@@ -376,6 +376,8 @@ def _add_ratios(row: dict[str, Any], base: dict[str, Any]) -> None:
 
 
 UNPAIRED_RESAMPLES = 2000
+UNPAIRED_MIN_STEPS = 5  # steady steps per run below which no interval is given
+BOOTSTRAP_SEED = 20261201  # fixed: the same runs give the same interval on every surface
 
 
 def unpaired_ratio_interval(base_ms: Iterable[float], mode_ms: Iterable[float]
@@ -383,10 +385,10 @@ def unpaired_ratio_interval(base_ms: Iterable[float], mode_ms: Iterable[float]
     """95 % bootstrap interval of median(base) / median(mode) for two separate runs (each
     run's steady step times resampled on its own, fixed seed). It covers the runs' own
     step-to-step spread, not the machine's drift between the two runs: that takes the
-    paired speedup check. None with fewer than MIN_ROUNDS values in either run."""
+    paired speedup check. None with fewer than UNPAIRED_MIN_STEPS values in either run."""
     base = np.asarray([v for v in base_ms if v and v > 0], dtype=float)
     mode = np.asarray([v for v in mode_ms if v and v > 0], dtype=float)
-    if len(base) < MIN_ROUNDS or len(mode) < MIN_ROUNDS:
+    if len(base) < UNPAIRED_MIN_STEPS or len(mode) < UNPAIRED_MIN_STEPS:
         return None
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     base_medians = np.median(base[rng.integers(0, len(base), (UNPAIRED_RESAMPLES, len(base)))], axis=1)
@@ -589,6 +591,16 @@ def _run_sentence(row: dict[str, Any], base: dict[str, Any], run: RunRecord | No
     text = f"{row['name']}: " + ", ".join(p for p in parts if p)
     text += _status_suffix(row) + _basis_suffix(row) + "."
     return text + _why_slower(row, run)
+
+
+def peak_words(summary: Mapping[str, Any]) -> str:
+    """What a run's MFU is relative to, in words every surface shows: the datasheet row or
+    the measured peak with when and under what load (engine.hardware.peaks)."""
+    label = summary.get("peak_label")
+    if label:
+        return label
+    source = summary.get("peak_source")
+    return f"{source} peak for this precision" if source else "peak: not known"
 
 
 def mfu_text(mfu: float) -> str:

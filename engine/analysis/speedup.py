@@ -1,17 +1,23 @@
 """Paired speedup statistics: what a precision mode buys, with its 95 % interval.
 
 The measurement (engine.training.speedup) runs the modes of one workload interleaved in
-one process: a *round* is one block of steps of every mode, back to back, so load that
-comes and goes hits every mode of a round alike. Here, per mode and round, the input is
-the block's mean step time in ms. Method (docs/precision-reference.md#paired-speedup):
+one process: a *round* is one block of steps of every mode, back to back, in an order
+drawn at random for each round. Here, per mode and round, the input is the block's mean
+step time in ms. Method (docs/precision-reference.md#paired-speedup):
 
 - per round r and mode m, the paired ratio baseline_ms[r] / mode_ms[r] (> 1: m faster);
-- the speedup is the geometric mean of those ratios over rounds, trimmed 10 % at each end
-  so one block stalled by a burst of other work cannot move it;
-- the 95 % interval is a percentile bootstrap over rounds (rounds resampled with
-  replacement, the pairing kept), 2000 resamples, fixed seed: the same rounds give the same
-  interval on every surface;
-- a difference is claimed only when the interval excludes 1.0.
+- the speedup is the Hodges-Lehmann estimate of the log ratios (the median of all their
+  pairwise means): a burst that stalls a few blocks cannot move it much;
+- the 95 % interval is the Wilcoxon signed-rank interval: the k-th smallest and k-th
+  largest pairwise mean, k from the exact distribution of the signed-rank statistic. Its
+  coverage is 95 % whenever each round's log ratio is as likely to be +x as -x around the
+  true value. The random order within each round makes that exactly true for an A/A
+  check under any load: which copy a burst of other work lands on is a coin flip, so
+  each round's sign is a fair coin whatever the burst pattern, the randomisation
+  argument of a permutation test. (A bootstrap over rounds with a fixed rotation
+  assumed the rounds independent; periodic and bursty load broke both.)
+- a difference is claimed only when the interval excludes 1.0 *and* the machine was
+  quiet: `mode_verdict` is the one rule every surface reads.
 
 No torch, no numpy: called by the trainer between rounds, by pages and by the report.
 """
@@ -19,51 +25,113 @@ No torch, no numpy: called by the trainer between rounds, by pages and by the re
 from __future__ import annotations
 
 import math
-import random
 import statistics
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 CONFIDENCE = 0.95
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 20261201
-TRIM_FRACTION = 0.10
-MIN_ROUNDS = 5  # below this the bootstrap interval is too coarse to report
+# The fewest rounds whose signed-rank interval reaches 95 %: with 6 rounds the widest
+# interval covers 1 - 2 / 2**6 = 96.9 %; with 5 only 93.8 %.
+MIN_ROUNDS = 6
+
+# The verdicts of one mode against the baseline, the same words on every surface.
+FASTER = "faster"
+SLOWER = "slower"
+NO_DIFFERENCE = "no difference"
+INCONCLUSIVE = "inconclusive"
+BASELINE = "baseline"
+CLAIMS = (FASTER, SLOWER)
 
 
-def trimmed_mean(values: Sequence[float], trim: float = TRIM_FRACTION) -> float:
-    ordered = sorted(values)
-    cut = int(len(ordered) * trim)
-    kept = ordered[cut:len(ordered) - cut] or ordered
-    return sum(kept) / len(kept)
+EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here, normal above
+_Z_975 = 1.959963984540054
+
+
+def _signed_rank_counts(n: int) -> list[int]:
+    """counts[w] = how many of the 2**n sign patterns of ranks 1..n give W+ = w."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        grown = counts + [0] * rank
+        for w, ways in enumerate(counts):
+            grown[w + rank] += ways
+        counts = grown
+    return counts
+
+
+_CDF_CACHE: dict[int, list[float]] = {}
+
+
+def _signed_rank_cdf(n: int) -> list[float]:
+    """cdf[w] = P(W+ <= w) for n ranks under the null (every sign pattern equally likely)."""
+    if n not in _CDF_CACHE:
+        counts, total, running, cdf = _signed_rank_counts(n), 2.0 ** n, 0, []
+        for ways in counts:
+            running += ways
+            cdf.append(running / total)
+        _CDF_CACHE[n] = cdf
+    return _CDF_CACHE[n]
+
+
+def signed_rank_interval_rank(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """The 1-based rank k such that [w_(k), w_(N+1-k)] of the N = n(n+1)/2 sorted Walsh
+    averages covers the centre with probability >= `confidence` (the largest such k);
+    None when n is too small for any. Exact up to EXACT_MAX_ROUNDS, normal beyond. Pure;
+    tested against the published critical values."""
+    alpha = 1.0 - confidence
+    if n > EXACT_MAX_ROUNDS:
+        mean = n * (n + 1) / 4.0
+        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return max(1, int(math.floor(mean - _Z_975 * sd)))
+    cdf = _signed_rank_cdf(n)
+    best = None
+    for k in range(1, len(cdf) + 1):
+        if 2.0 * cdf[k - 1] <= alpha:  # P(W+ <= k-1) on each side
+            best = k
+        else:
+            break
+    return best
+
+
+def interval_coverage(n: int, k: int) -> float:
+    """The coverage of the signed-rank interval [w_(k), w_(N+1-k)] of n rounds."""
+    if n > EXACT_MAX_ROUNDS:
+        mean = n * (n + 1) / 4.0
+        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        z = (mean - (k - 1) - 0.5) / sd
+        return math.erf(z / math.sqrt(2.0))
+    return 1.0 - 2.0 * _signed_rank_cdf(n)[k - 1]
+
+
+def walsh_averages(values: Sequence[float]) -> list[float]:
+    """Every (x_i + x_j) / 2 with i <= j, sorted: what the signed-rank interval ranks."""
+    return sorted((values[i] + values[j]) / 2.0
+                  for i in range(len(values)) for j in range(i, len(values)))
 
 
 def paired_speedup(baseline_ms: Sequence[float], mode_ms: Sequence[float],
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
-                   ) -> dict[str, float | int | None]:
+                   confidence: float = CONFIDENCE) -> dict[str, float | int | None]:
     """Speedup of a mode over the baseline from paired per-round step times (ms).
 
-    Returns speedup, ci_low, ci_high (None below MIN_ROUNDS rounds) and rounds.
+    Returns speedup (the Hodges-Lehmann centre of the paired log ratios), ci_low, ci_high
+    (None below MIN_ROUNDS rounds), coverage (the interval's exact coverage) and rounds.
     """
     pairs = [(b, m) for b, m in zip(baseline_ms, mode_ms) if b > 0 and m > 0]
     if not pairs:
-        return {"speedup": None, "ci_low": None, "ci_high": None, "rounds": 0}
+        return {"speedup": None, "ci_low": None, "ci_high": None, "coverage": None,
+                "rounds": 0}
     log_ratios = [math.log(b / m) for b, m in pairs]
-    estimate = math.exp(trimmed_mean(log_ratios))
-    if len(log_ratios) < MIN_ROUNDS:
-        return {"speedup": estimate, "ci_low": None, "ci_high": None, "rounds": len(pairs)}
-    rng = random.Random(seed)
+    walsh = walsh_averages(log_ratios)
+    estimate = math.exp(statistics.median(walsh))
     count = len(log_ratios)
-    boot = sorted(
-        trimmed_mean([log_ratios[rng.randrange(count)] for _ in range(count)])
-        for _ in range(resamples))
-    alpha = (1.0 - CONFIDENCE) / 2.0
-    low = boot[int(alpha * (resamples - 1))]
-    high = boot[int(math.ceil((1.0 - alpha) * (resamples - 1)))]
-    return {"speedup": estimate, "ci_low": math.exp(low), "ci_high": math.exp(high),
-            "rounds": count}
+    rank = signed_rank_interval_rank(count, confidence)
+    if count < MIN_ROUNDS or rank is None:
+        return {"speedup": estimate, "ci_low": None, "ci_high": None, "coverage": None,
+                "rounds": count}
+    return {"speedup": estimate, "ci_low": math.exp(walsh[rank - 1]),
+            "ci_high": math.exp(walsh[len(walsh) - rank]),
+            "coverage": interval_coverage(count, rank), "rounds": count}
 
 
-def half_width_pct(entry: dict[str, Any]) -> float | None:
+def half_width_pct(entry: Mapping[str, Any]) -> float | None:
     """Half the interval's width as a percentage of the speedup (the stopping target)."""
     low, high, speedup = entry.get("ci_low"), entry.get("ci_high"), entry.get("speedup")
     if low is None or high is None or not speedup:
@@ -71,30 +139,101 @@ def half_width_pct(entry: dict[str, Any]) -> float | None:
     return (high - low) / 2.0 / speedup * 100.0
 
 
-def is_significant(entry: dict[str, Any]) -> bool:
-    """True when the interval excludes 1.0: only then is a difference claimed."""
+def excludes_one(entry: Mapping[str, Any]) -> bool:
+    """True when the interval excludes 1.0: the statistics alone would claim a
+    difference. Whether a surface may say so is `mode_verdict`'s decision."""
     low, high = entry.get("ci_low"), entry.get("ci_high")
     return low is not None and high is not None and (low > 1.0 or high < 1.0)
 
 
-def speedup_words(entry: dict[str, Any], baseline: str) -> str:
-    """The one sentence every surface uses for one mode's result against the baseline."""
+def is_significant(entry: Mapping[str, Any]) -> bool:
+    """True when the stored row's verdict claims a difference (faster or slower)."""
+    verdict = entry.get("verdict")
+    if verdict is not None:
+        return verdict in CLAIMS
+    return excludes_one(entry)
+
+
+def mode_verdict(row: Mapping[str, Any], baseline: str,
+                 contention: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(verdict, reason) for one mode of a check: THE rule every surface reads.
+
+    faster / slower: the interval excludes 1.0 on a quiet machine; no difference: it
+    includes 1.0; inconclusive: the machine was busy (no difference is stated, whatever
+    the interval), or too few rounds for an interval; baseline for the baseline itself.
+    """
+    if row.get("mode") == baseline:
+        return BASELINE, ""
+    if row.get("speedup") is None:
+        return INCONCLUSIVE, "not measured"
+    if row.get("ci_low") is None or row.get("ci_high") is None:
+        return INCONCLUSIVE, f"too few rounds for an interval (needs {MIN_ROUNDS})"
+    if contention and contention.get("busy"):
+        return INCONCLUSIVE, "the machine was busy during the check"
+    if excludes_one(row):
+        return (FASTER if row["speedup"] >= 1.0 else SLOWER), ""
+    return NO_DIFFERENCE, ""
+
+
+def speedup_words(entry: Mapping[str, Any], baseline: str, verdict: str | None = None,
+                  reason: str = "") -> str:
+    """The one sentence every surface uses for one mode's result against the baseline.
+
+    `verdict` from `mode_verdict`; without it (a bare statistics entry) the interval
+    alone decides, as on a quiet machine."""
     speedup, low, high = entry.get("speedup"), entry.get("ci_low"), entry.get("ci_high")
+    if verdict is None:
+        verdict, reason = mode_verdict({"mode": None, **entry}, baseline, None)
+    if verdict == BASELINE:
+        return "baseline"
     if speedup is None:
         return "not measured"
     if low is None or high is None:
-        return f"{speedup:.2f}x vs {baseline}, too few rounds for an interval"
-    interval = f"95 % CI {low:.2f}-{high:.2f}x"
-    if not is_significant(entry):
-        return f"no measurable difference vs {baseline} ({low:.2f}-{high:.2f}x)"
-    if speedup >= 1.0:
+        return f"inconclusive: {speedup:.2f}x vs {baseline}, {reason or 'too few rounds'}"
+    span = f"{low:.2f}-{high:.2f}x"
+    if verdict == INCONCLUSIVE:
+        return f"inconclusive: {reason}, so no difference vs {baseline} is stated ({span})"
+    if verdict == NO_DIFFERENCE:
+        return f"no measurable difference vs {baseline} ({span})"
+    interval = f"95 % CI {span}"
+    if verdict == FASTER:
         return f"{speedup:.2f}x faster than {baseline} ({interval})"
     return f"{1.0 / speedup:.2f}x slower than {baseline} ({interval}; speedup {speedup:.2f}x)"
 
 
+def apply_verdicts(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` with each mode's verdict, reason, significant (= a claim is made) and
+    words set from its interval and `result["contention"]`. Called whenever the
+    contention verdict changes, so no stored row can disagree with it."""
+    baseline = result.get("baseline")
+    contention = result.get("contention")
+    modes = []
+    for row in result.get("modes", []):
+        verdict, reason = mode_verdict(row, baseline, contention)
+        modes.append({**row, "verdict": verdict, "verdict_reason": reason,
+                      "significant": verdict in CLAIMS,
+                      "interval_excludes_1": excludes_one(row) if verdict != BASELINE else False,
+                      "words": speedup_words(row, baseline, verdict, reason)})
+    return {**result, "modes": modes}
+
+
+def judge(row: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, str]:
+    """A stored row judged now: verdict, reason and words. A row stored before verdicts
+    existed gets the same rule, so an old check cannot say more than a new one."""
+    verdict, reason = mode_verdict(row, result.get("baseline"), result.get("contention"))
+    return {"verdict": verdict, "verdict_reason": reason,
+            "words": speedup_words(row, result.get("baseline"), verdict, reason)}
+
+
+def stored_verdict(row: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, words) of a stored row, by `judge`."""
+    judged = judge(row, result)
+    return judged["verdict"], judged["words"]
+
+
 def summarise(labels: Sequence[str], block_ms: dict[str, list[float]], batch_size: int,
               tokens_per_sample: int | None, baseline: str,
-              resamples: int = BOOTSTRAP_RESAMPLES) -> list[dict[str, Any]]:
+              contention: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per mode: median step time, throughput, blocks, and the paired speedup vs baseline."""
     rows = []
     base = block_ms[baseline]
@@ -108,14 +247,14 @@ def summarise(labels: Sequence[str], block_ms: dict[str, list[float]], batch_siz
             if samples_per_s and tokens_per_sample else None,
             "blocks": len(times)}
         if label == baseline:
-            row.update(speedup=1.0, ci_low=1.0, ci_high=1.0, significant=False)
+            row.update(speedup=1.0, ci_low=1.0, ci_high=1.0, coverage=None)
         else:
-            stats = paired_speedup(base, times, resamples=resamples)
+            stats = paired_speedup(base, times)
             row.update(speedup=stats["speedup"], ci_low=stats["ci_low"],
-                       ci_high=stats["ci_high"], significant=is_significant(stats))
-        row["words"] = speedup_words(row, baseline) if label != baseline else "baseline"
+                       ci_high=stats["ci_high"], coverage=stats["coverage"])
         rows.append(row)
-    return rows
+    judged = apply_verdicts({"baseline": baseline, "modes": rows, "contention": contention})
+    return judged["modes"]
 
 
 def widest_half_width_pct(rows: Iterable[dict[str, Any]], baseline: str) -> float | None:
@@ -143,9 +282,8 @@ def _shape_words(gemm_shapes: list | None) -> str:
 
 
 def explain(result: dict[str, Any]) -> list[str]:
-    """Findings that say why, from measurements: for each mode that is not measurably
-    faster than the baseline, the rate its matmuls reached against the measured (or
-    datasheet) matmul rate of its dtype on this device; and a busy machine first."""
+    """Findings that say why, from measurements: a busy machine first; then for each mode
+    not claimed faster than the baseline, the part that limits its step (`why_words`)."""
     findings = []
     contention = result.get("contention") or {}
     if contention.get("busy"):
@@ -154,28 +292,72 @@ def explain(result: dict[str, Any]) -> list[str]:
     for row in result.get("modes", []):
         if row.get("mode") == baseline or row.get("speedup") is None:
             continue
-        if row.get("significant") and row["speedup"] > 1.0:
+        verdict, _ = mode_verdict(row, baseline, contention)
+        if verdict == FASTER:
             continue
-        findings.append(_why_not_faster(row, result))
+        sentence = why_words(row, baseline, verdict, result.get("gemm_shapes"))
+        if sentence:
+            findings.append(sentence)
     return findings
 
 
-def _why_not_faster(row: dict[str, Any], result: dict[str, Any]) -> str:
+# At this share of the dtype's measured matmul rate the matmuls alone take at least this
+# share of the step (the step cannot run its FLOPs faster than the matmul rate): they are
+# the limit.
+MATMUL_LIMIT_SHARE = 0.5
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def _head(mode: str, baseline: str, verdict: str) -> str:
+    if verdict == SLOWER:
+        return f"{mode} is slower than {baseline}"
+    if verdict == INCONCLUSIVE:
+        return f"{mode} vs {baseline}: no difference is stated (inconclusive)"
+    return f"{mode} is not measurably faster than {baseline}"
+
+
+def why_words(row: Mapping[str, Any], baseline: str, verdict: str,
+              gemm_shapes: list | None = None) -> str | None:
+    """Which part limits a mode's step, decided from the rate its model FLOPs reached
+    against the measured (or datasheet) matmul rate of its dtype. The one function every
+    "why" sentence comes from.
+
+    The model's FLOPs are matmul FLOPs and cannot run faster than the matmul rate, so
+    achieved / matmul rate is a lower bound on the matmuls' share of the step:
+    - an emulated dtype says so first (no unit for it here: that is the cause);
+    - share >= MATMUL_LIMIT_SHARE: the matmuls are the limit;
+    - share < SMALL_MATMUL_SHARE: the matmuls are too small for the dtype's units to pay;
+    - in between the rate alone cannot tell; the profiler's breakdown can.
+    """
     mode, peak = row["mode"], row.get("peak") or {}
-    head = (f"{mode} is slower than {result.get('baseline')}" if row.get("significant")
-            else f"{mode} is not measurably faster than {result.get('baseline')}")
+    head = _head(mode, baseline, verdict)
+    dtype = peak.get("dtype") or "its dtype"
+    emulated = peak.get("emulated")
     achieved, peak_rate = row.get("achieved_flops_per_s"), peak.get("flops_per_s")
+    if emulated:
+        rate = f" (its model FLOPs ran at {_rate(achieved)})" if achieved else ""
+        return (f"{head}: {dtype} is emulated on this device ({peak.get('emulated_reason')}), "
+                f"so its matmuls run through conversion code{rate}; that, not the model, "
+                f"is why. Native {dtype} needs a CPU or GPU with a {dtype} unit.")
+    if verdict == INCONCLUSIVE:
+        return None  # a busy check: no cause stated for a difference that is not stated
     if not achieved or not peak_rate:
         return f"{head}; no matmul rate for its dtype is known here, so no cause is stated."
     share = achieved / peak_rate
     source = "measured" if "measured" in str(peak.get("source", "")) else "datasheet"
-    rate = (f"the model ran at {_rate(achieved)} in {mode}: {share:.1%} of the {source} "
-            f"{peak.get('dtype')} matmul rate on this device ({_rate(peak_rate)})")
+    rate = (f"its model FLOPs ran at {_rate(achieved)}: {_pct(share)} of the {source} "
+            f"{dtype} matmul rate on this device ({_rate(peak_rate)})")
+    if share >= MATMUL_LIMIT_SHARE:
+        return (f"{head}: {rate}, so the matmuls alone take at least {_pct(min(share, 1.0))} "
+                f"of the step: the {dtype} matmul rate of this device is what limits it, and "
+                f"{dtype} matmuls here are no faster than the baseline's. Only a faster "
+                f"{dtype} matmul unit would change that.")
     if share < SMALL_MATMUL_SHARE:
-        return (f"{head}: {rate}; {_shape_words(result.get('gemm_shapes'))}: too small for "
-                f"the {peak.get('dtype')} units to pay. Try size small or medium, or a larger "
-                "batch.")
-    return (f"{head}: {rate}, so the matmuls are not what limits the step; the rest "
-            "(elementwise ops, casts, the optimizer) is. The Kernels page's breakdown shows "
-            "which part.")
-
+        return (f"{head}: {rate}; {_shape_words(gemm_shapes)}: too small for "
+                f"the {dtype} units to pay. Try size small or medium, or a larger batch.")
+    return (f"{head}: {rate}, so the matmuls take between {_pct(share)} and 100 % of the step; "
+            "the rate alone cannot say which part limits it. A profiled run's time breakdown "
+            "on the Kernels page does.")

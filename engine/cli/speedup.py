@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from engine.analysis.speedup import is_significant
+from engine.analysis.speedup import CLAIMS, excludes_one, judge
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
 from engine.run.launcher import reconcile, stop
@@ -113,10 +113,17 @@ def check_result(run_id: str, store: Store) -> dict[str, Any]:
     run = store.get_run(run_id)
     result = run.summary.get("speedup") or {}
     modes = {}
+    judged = {**result, "contention": run.summary.get("contention") or result.get("contention")}
     for row in result.get("modes", []):
-        modes[row["mode"]] = {key: row.get(key) for key in (
+        entry = {key: row.get(key) for key in (
             "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low", "ci_high",
-            "significant", "peak_mem_bytes", "blocks", "words")}
+            "coverage", "peak_mem_bytes", "blocks")}
+        # One rule for every surface: a busy check claims nothing (verdict inconclusive).
+        verdict = judge(row, judged)  # verdict, verdict_reason, words
+        entry.update(verdict, significant=verdict["verdict"] in CLAIMS,
+                     interval_excludes_1=row["mode"] != result.get("baseline")
+                     and excludes_one(row))
+        modes[row["mode"]] = entry
     return {"run_id": run.id, "status": run.status, "reason": run.reason,
             "baseline": result.get("baseline"), "modes": modes,
             "rounds": result.get("rounds"), "block_steps": result.get("block_steps"),
@@ -140,8 +147,6 @@ def format_result(result: dict[str, Any]) -> str:
               else "-")
         mem = f"{row['peak_mem_bytes'] / 2**20:,.0f} MiB" if row.get("peak_mem_bytes") else "-"
         verdict = row.get("words") or ""
-        if contention.get("busy") and label != result["baseline"] and is_significant(row):
-            verdict += " (machine busy: not a claim)"
         lines.append(f"  {label:<14} {row['median_step_ms'] or 0:>9.2f} ms "
                      f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "
                      f"{ci:>13} {mem:>10}  {verdict}")

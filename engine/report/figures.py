@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from engine.analysis.compare import ema
+from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 
 X_STEP, X_WALL = "step", "wall_time_s"
 X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
@@ -147,24 +148,30 @@ def comparison_figures(frames: Mapping[str, pd.DataFrame], names: Mapping[str, s
 # the HTML document
 
 
+_UNCLAIMED_LABEL = {NO_DIFFERENCE: " n.s.", INCONCLUSIVE: " inconclusive"}
+
+
 def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -> go.Figure:
     """A paired speedup check as a forest plot: one row per mode, the speedup as a point,
     its 95 % interval as a bar, a line at 1.0 (no difference). Modes whose interval
-    includes 1.0 are grey and labelled "n.s."; a busy machine is said in the title."""
+    includes 1.0 are grey and labelled "n.s."; on a busy machine every mode is grey and
+    labelled "inconclusive" (the verdict of engine.analysis.speedup.mode_verdict, the one
+    rule the table and text beside it follow too)."""
     rows = [row for row in result.get("modes", []) if row.get("mode") != result.get("baseline")]
     busy = bool((result.get("contention") or {}).get("busy"))
     head = title or f"Speedup vs {result.get('baseline')} (95 % interval)"
     if busy:
-        head += " - machine busy: unreliable"
+        head += " - machine busy: inconclusive"
     fig = go.Figure()
     fig.add_vline(x=1.0, line_dash="dash", line_color="#555")
     for index, row in enumerate(rows):
         if row.get("speedup") is None:
             continue
         low, high = row.get("ci_low"), row.get("ci_high")
-        significant = bool(row.get("significant")) and not busy
-        color = _color(index) if significant else "#999999"
-        label = f"{row['speedup']:.2f}x" + ("" if significant else " n.s.")
+        verdict, _words = stored_verdict(row, result)
+        claimed = verdict in CLAIMS
+        color = _color(index) if claimed else "#999999"
+        label = f"{row['speedup']:.2f}x" + ("" if claimed else _UNCLAIMED_LABEL.get(verdict, " n.s."))
         error = ({"type": "data", "symmetric": False, "array": [high - row["speedup"]],
                   "arrayminus": [row["speedup"] - low], "thickness": 3, "width": 8,
                   "color": color} if low is not None and high is not None else None)

@@ -29,10 +29,12 @@ from engine.analysis.compare import (
     findings,
     metrics_frames,
     mfu_text,
+    peak_words,
     steady_medians,
     summary_table,
 )
 from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
+from engine.analysis.speedup import stored_verdict
 from engine.analysis.traces import share_text
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
@@ -84,9 +86,7 @@ def _speedup_html(check: RunRecord) -> str:
                else f"<p class=meta>{_e(contention.get('words', ''))}</p>")
     rows = []
     for row in result.get("modes", []):
-        verdict = row.get("words") or ""
-        if busy and row["mode"] != result.get("baseline") and row.get("significant"):
-            verdict += " (machine busy: not a claim)"
+        _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
         interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}"
                     if row.get("ci_low") is not None and row["mode"] != result.get("baseline")
                     else "")
@@ -119,7 +119,7 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
         _section("Devices", _devices_table(runs)),
         _section("Findings", _findings_list(findings(table, runs, run_dir=store.run_dir))),
         _section("Summary (steady-state steps; ratios against the baseline)",
-                 _summary_html(table)),
+                 _summary_html(table) + _mfu_peaks_html(runs, names)),
         _section("Charts", "\n".join(_figure_div(fig) for fig in figures.values())),
         _section("Why one run is faster than another (profiler windows)",
                  _diff_html(store, runs, table)),
@@ -245,6 +245,13 @@ _SUMMARY_COLUMNS = [
     ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "share"),
     ("mfu", "MFU", "mfu"), ("steady_basis", "timing basis", None),
 ]
+
+
+def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> str:
+    """What each run's MFU is relative to (a datasheet row, or a measured peak and when)."""
+    items = [f"<li>{_e(names.get(run_id, run_id))}: {_e(peak_words(run.summary))}</li>"
+             for run_id, run in runs.items() if run.summary.get("mfu") is not None]
+    return f"<p class=meta>MFU is relative to:</p><ul class=meta>{''.join(items)}</ul>" if items else ""
 
 
 def _summary_html(table: pd.DataFrame) -> str:

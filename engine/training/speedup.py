@@ -4,9 +4,11 @@ Why interleaved in one process: separate runs measured minutes apart see differe
 clocks and temperatures, and their ratio is that noise as much as the precision. Here
 every mode has its own model copy and optimizer (built once, same seed: same initial
 weights and the same batches in the same order), and the modes take turns in short
-blocks of steps: a round is one block of every mode, in a rotating order. Load that comes
-and goes then hits every mode of a round alike, and the paired per-round ratios cancel it
-(statistics: engine.analysis.speedup).
+blocks of steps: a round is one block of every mode, in an order drawn at random for each
+round. Load that comes and goes then hits every mode of a round alike, and the paired
+per-round ratios cancel it; what it does not cancel (a burst that lands on one block) lands
+on a mode chosen by the draw, never on the same position's mode every time, which is what
+makes the interval's 95 % hold under bursty load (statistics: engine.analysis.speedup).
 
 - warm-up: every mode runs `warmup_steps` (at least WARMUP_STEPS_MIN) untimed steps, then
   one untimed calibration block that also sets the block length (BLOCK_TARGET_S per
@@ -24,18 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import tempfile
 import time
 from typing import Any, Callable
 
 import torch
 
-from engine.analysis.speedup import (
-    BOOTSTRAP_RESAMPLES,
-    MIN_ROUNDS,
-    summarise,
-    widest_half_width_pct,
-)
+from engine.analysis.speedup import MIN_ROUNDS, summarise, widest_half_width_pct
 from engine.config import RunConfig
 from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
 
@@ -44,7 +42,7 @@ BLOCK_TARGET_S = 0.25
 BLOCK_STEPS_MIN = 2
 BLOCK_STEPS_MAX = 200
 MAX_ROUNDS = 400
-PROGRESS_RESAMPLES = 400  # intervals shown while measuring; the final one uses the default
+ORDER_SEED_OFFSET = 7919  # the round order's draw: its own stream, apart from the data's
 
 
 def mode_labels(modes: list[str]) -> list[str]:
@@ -154,17 +152,20 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     memory_method = _measure_cpu_memory(modes) if device.type != "cuda" else "cuda"
     started_s = time.perf_counter()
     stopped_by = "budget"
+    order_rng = random.Random(cfg.seed + ORDER_SEED_OFFSET)
     for round_index in range(MAX_ROUNDS):
         if should_stop():
             stopped_by = "stop requested"
             break
-        shift = round_index % len(modes)
-        for mode in modes[shift:] + modes[:shift]:  # rotate: no mode always runs first
+        # A fresh random order every round: a burst of other work lands on whichever mode
+        # the draw put there, so it favours no mode (a fixed rotation let a periodic load
+        # favour one position, and the interval then missed an A/A check's 1.0 too often).
+        for mode in order_rng.sample(modes, len(modes)):
             _timed_block(mode, block_steps, device)
         on_round()
         elapsed_s = time.perf_counter() - started_s
         result = _result(cfg, labels, modes, block_steps, elapsed_s, memory_method,
-                         flops_per_step, resamples=PROGRESS_RESAMPLES)
+                         flops_per_step)
         width = result["widest_half_width_pct"]
         if round_index + 1 >= MIN_ROUNDS and width is not None and width <= cfg.speedup_target_pct:
             stopped_by = "target"
@@ -201,11 +202,11 @@ def _measure_cpu_memory(modes: list[_Mode]) -> str:
 
 
 def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: int,
-            elapsed_s: float, memory_method: str, flops_per_step: float | None,
-            resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, Any]:
+            elapsed_s: float, memory_method: str, flops_per_step: float | None
+            ) -> dict[str, Any]:
     trainer = modes[0].trainer
     rows = summarise(labels, {m.label: m.block_ms for m in modes}, trainer.samples_per_step,
-                     trainer.tokens_per_sample, labels[0], resamples=resamples)
+                     trainer.tokens_per_sample, labels[0])
     for row, mode in zip(rows, modes):
         row["peak_mem_bytes"] = (None if mode.peak_increment_bytes < 0
                                  else _resident_bytes(mode.trainer) + mode.peak_increment_bytes)
@@ -217,5 +218,7 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
         "target_pct": cfg.speedup_target_pct,
         "widest_half_width_pct": widest_half_width_pct(rows, labels[0]),
         "memory_method": memory_method, "flops_per_step": flops_per_step,
+        "block_ms": {m.label: [round(ms, 6) for ms in m.block_ms] for m in modes},
+        "method": "median paired ratio, sign-test 95 % interval, random order per round",
         "batch_size": cfg.batch_size, "model": f"{cfg.model}-{cfg.size}",
     }
