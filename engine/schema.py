@@ -75,6 +75,8 @@ FAILURE_FILENAME = "failure.json"          # ranks/failure.json: the agent's fai
 RUN_ARTIFACTS = (TRACE_FILENAME, ONEDNN_LOG_FILENAME, NUMERICS_FILENAME)
 DRIVER_LOG = "driver.log"                  # sweeps/<id>/driver.log: a Ray sweep's driver
 STANDBY_LOG = "standby.log"                # <data dir>/standby.log
+STANDBY_WANTED = "standby.wanted.json"     # <data dir>/: the app keeps a standby ready
+STANDBY_STARTING = "standby.starting.json"  # <data dir>/: a standby importing torch
 PEAKS_CACHE_FILENAME = "peaks_cache.json"  # <data dir>/peaks_cache.json: measured peaks
 
 # -- throughput --------------------------------------------------------------------------
@@ -133,6 +135,7 @@ class RunSummary(TypedDict, total=False):
     mfu_note: str | None
     peak_flops: float | None
     peak_source: str
+    peak_label: str | None  # what MFU is relative to: datasheet row, or measured when/how
     fp8_advice: str | None
     # out of memory (run.session)
     oom_batch_size: int

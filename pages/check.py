@@ -45,6 +45,15 @@ def busy_runs(device_key: str) -> list[str]:
         return []
 
 
+def _peak_kept_text(record: dict | None) -> str:
+    """Whether this measurement became the peak MFU is relative to, and why not."""
+    if not record:
+        return ""
+    if record.get("kept"):
+        return "kept (quiet)"
+    return f"not kept: {record.get('not_kept_because') or 'unknown'}"
+
+
 def lines_frame(result: dict) -> pd.DataFrame:
     rows = []
     for line in result["lines"]:
@@ -55,6 +64,7 @@ def lines_frame(result: dict) -> pd.DataFrame:
             "% of peak": line["ratio_to_peak"] * 100 if line["ratio_to_peak"] is not None else None,
             "× fp32": line["speedup_vs_fp32"],
             "Tensor Cores": line.get("tensor_core") or "",
+            "MFU peak": _peak_kept_text(line.get("peak_record")),
             "reason": line["reason"], "_verdict": line["verdict"],
         })
     return pd.DataFrame(rows)

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine.analysis.compare import mfu_text
+from engine.analysis.compare import mfu_text, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
 from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
@@ -186,8 +186,8 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     # whether a value has arrived yet, so it does not flip between the two while running.
     if summary.get("peak_flops"):
         cols[4].metric("MFU", mfu_text(head.mfu) if head.mfu else "n/a",
-                       help=f"Against the {summary.get('peak_source', 'device')} peak for this "
-                            f"precision. {summary.get('mfu_note') or ''}")
+                       help=f"Against the {peak_words(summary)}. "
+                            f"{summary.get('mfu_note') or ''}")
     else:
         cols[4].metric("Achieved TFLOP/s", fmt_num(head.achieved_tflops, 3),
                        help=summary.get("mfu_note") or "MFU is n/a until the device's peak "

@@ -264,3 +264,14 @@ def test_gpu_check_finds_tensor_cores():
         assert lines["bf16"]["kernels"] and lines["bf16"]["tensor_core"] == "yes"
         assert lines["bf16"]["speedup_vs_fp32"] > 2
     assert result["nvml"] is not None or result["nvml_reason"]
+
+
+def test_a_gpu_matmul_above_its_datasheet_peak_is_never_ok():
+    # 1.4x the H200's dense bf16 peak: a timing error (an unsynchronised clock), not a fast GPU.
+    support = ModeSupport(NATIVE, "NVIDIA H200 (sm90, Hopper) has bf16 Tensor Cores")
+    verdict, reason = matmul_verdict("cuda", "bf16", support, ratio_to_peak=1.4,
+                                     speedup_vs_fp32=27.0, tensor_core="yes")
+    assert verdict == SLOW and "more than the GPU can do" in reason
+    ok, _ = matmul_verdict("cuda", "bf16", support, ratio_to_peak=1.05,
+                           speedup_vs_fp32=20.0, tensor_core="yes")
+    assert ok == OK  # boost clocks: a few % over the datasheet is real

@@ -22,6 +22,7 @@ from engine.hardware.peaks import (
     measure_matmul,
     next_matrix_side,
     peak_for,
+    plausible_range,
     read_cache,
 )
 
@@ -111,10 +112,10 @@ def test_cpu_peak_is_measured_then_cached(home):
     cpu = cpu_device()
     assert peak_for(cpu, "fp32", measure=False).flops_per_s is None  # nothing cached yet
     start_s = time.perf_counter()
-    first = peak_for(cpu, "fp32")
+    first = _quiet_peak(cpu, "fp32")
     measure_s = time.perf_counter() - start_s
     assert first.source == SOURCE_MEASURED and first.flops_per_s > 1e8
-    assert measure_s < 6.0  # 1.5 s budget plus one-time thread-pool start-up
+    assert measure_s < 6.0 or first.record["elapsed_s"] < 3.0  # 1.5 s budget, thread start-up
     assert cache_path() == home / "peaks_cache.json"
     entries = json.loads(cache_path().read_text())
     (key, entry), = entries.items()
@@ -129,7 +130,7 @@ def test_cpu_peak_is_measured_then_cached(home):
 
 def test_cpu_bf16_note_is_honest_about_emulation(home):
     cpu = cpu_device()
-    peak = peak_for(cpu, "bf16")
+    peak = _quiet_peak(cpu, "bf16")
     assert peak.source == SOURCE_MEASURED and peak.flops_per_s > 0
     if mode_support(cpu, Precision.BF16_AMP).status == EMULATED:  # from the real ISA flags
         assert "emulated" in peak.note and "honest" in peak.note
@@ -141,7 +142,7 @@ def test_corrupt_cache_is_remeasured(home):
     home.mkdir(parents=True, exist_ok=True)
     (home / "peaks_cache.json").write_text("{not json")
     assert read_cache() == {}
-    assert peak_for(cpu_device(), "fp32").flops_per_s > 0
+    assert _quiet_peak(cpu_device(), "fp32").flops_per_s > 0
     assert len(read_cache()) == 1
 
 
@@ -208,3 +209,164 @@ def test_gemm_shapes_match_the_real_linear_layers(model, size):
     layers = {(m.in_features, m.out_features) for m in build_model(cfg).modules()
               if isinstance(m, torch.nn.Linear)}
     assert {(k, n) for _, _, k, n in linear_gemm_shapes(cfg)} == layers
+
+
+# ---------------------------------------------------------------------------------------
+# peaks that a busy machine cannot poison
+
+
+def _quiet_peak(device, dtype, attempts: int = 4):
+    """peak_for, retried while the machine is busy (a test machine has other work too):
+    the point under test is what happens once a quiet measurement is possible."""
+    from engine.hardware.peaks import peak_for as measured
+
+    for _ in range(attempts):
+        peak = measured(device, dtype)
+        if peak.flops_per_s is not None:
+            return peak
+        assert "busy" in peak.note, peak.note  # the only reason a CPU peak is withheld
+        time.sleep(2.0)
+    pytest.fail(f"the machine stayed busy for {attempts} measurements: {peak.note}")
+
+
+def _poison(device, flops_per_s: float, busy: bool | None, version: int = 2) -> None:
+    """A cache holding a tiny (0.22 GFLOP/s) or busy record for every thread count a run
+    may use, as the loaded machine of the bug report left it."""
+    from engine.hardware.peaks import cache_key
+
+    entry = {"flops_per_s": flops_per_s, "n": 128, "measured_at": time.time() - 3600,
+             "device_name": device.name, "source": "run start"}
+    if version == 2:
+        entry.update(version=2, busy=busy, load_words="other processes used 1.9 of 2 cores")
+    records = {cache_key(device, dtype, threads): entry
+               for dtype in ("fp32", "bf16", "fp16")
+               for threads in {1, torch.get_num_threads()}}
+    cache_path().parent.mkdir(parents=True, exist_ok=True)
+    cache_path().write_text(json.dumps(records))
+
+
+def test_plausible_range_follows_the_isa_flags():
+    from engine.hardware.peaks import plausible_range
+
+    avx2 = cpu_device(flags=frozenset({"avx2", "fma"}), name="AVX2 CPU")
+    low, high, basis = plausible_range(avx2, "fp32", threads=2, clock_ghz=2.5)
+    assert basis.startswith("2 thread(s) x 2.50 GHz x 32 FLOP/cycle = 160 GFLOP/s")
+    assert low == pytest.approx(8e9) and high == pytest.approx(320e9)
+    # bf16 emulated on AVX2: at most the fp32 rate, with a far lower floor
+    low16, high16, basis16 = plausible_range(avx2, "bf16", threads=2, clock_ghz=2.5)
+    assert high16 == high and low16 < low / 50 and "bf16 emulated" in basis16
+    amx = cpu_device(flags=frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+                     name="AMX CPU")
+    assert plausible_range(amx, "bf16", threads=2, clock_ghz=2.5)[1] == pytest.approx(
+        2 * 2.5e9 * 1024 * 2)
+    avx512bf16 = cpu_device(flags=frozenset({"avx512f", "avx512_bf16"}), name="Zen 4")
+    assert plausible_range(avx512bf16, "bf16", threads=1, clock_ghz=2.0)[1] == pytest.approx(
+        2e9 * 128 * 2)
+    # The 0.22 GFLOP/s record of the bug report is far below any real fp32 matmul here.
+    assert plausible_range(cpu_device(), "fp32")[0] > 0.22e9
+
+
+@pytest.mark.parametrize("flops, busy, version, why", [
+    (0.22e9, False, 2, "below"),           # a tiny figure, even one recorded as quiet
+    (90e9, True, 2, "busy"),               # a busy record
+    (90e9, None, 1, "without the machine's load"),  # older code's record: no load evidence
+])
+def test_a_poisoned_peak_record_is_not_used_and_is_measured_again(home, flops, busy, version,
+                                                                  why):
+    from engine.hardware.peaks import cache_key, unusable_reason
+
+    cpu = cpu_device()
+    _poison(cpu, flops, busy, version)
+    stored = read_cache()[cache_key(cpu, "fp32")]
+    assert why in unusable_reason(stored, cpu, "fp32")
+    assert peak_for(cpu, "fp32", measure=False).flops_per_s is None  # never used as is
+    peak = _quiet_peak(cpu, "fp32")
+    low, high, _ = plausible_range(cpu, "fp32")
+    assert low <= peak.flops_per_s <= high
+    fresh = read_cache()[cache_key(cpu, "fp32")]
+    assert fresh["busy"] is False and fresh["version"] == 2 and fresh["trials"] >= 3
+    assert fresh["flops_per_s"] == peak.flops_per_s
+    assert peak.label.startswith("measured fp32 matmul peak, ") and "machine quiet" in peak.label
+
+
+def test_a_peak_measured_under_load_is_never_kept(home):
+    from bench._hog import bursty_hog, cpu_hog
+
+    cpu = cpu_device()
+    # Detached spinners: the probe counts this process's own children as its work.
+    with cpu_hog(processes=2, detached=True):
+        time.sleep(0.3)
+        peak = peak_for(cpu, "fp32")
+    assert peak.flops_per_s is None, "a steady hog must never pass as quiet"
+    assert "busy" in peak.note and "MFU is omitted" in peak.note, peak.note
+    assert read_cache() == {}  # nothing kept
+    with bursty_hog(processes=2, seed=3, detached=True):
+        time.sleep(0.3)
+        peak = peak_for(cpu, "fp32")
+    if peak.flops_per_s is None:
+        assert "busy" in peak.note and read_cache() == {}
+    else:  # the bursts paused for the whole 1.5 s: then it was quiet, with the evidence
+        (record,) = read_cache().values()
+        assert record["busy"] is False and record["others_cpu_cores"] < 0.5
+
+
+def test_a_run_that_beats_its_peak_marks_it_for_measuring_again(home):
+    from engine.hardware.peaks import cache_key, note_achieved, unusable_reason
+
+    cpu = cpu_device()
+    peak = _quiet_peak(cpu, "fp32")
+    assert not note_achieved(cpu, "fp32", peak.flops_per_s * 0.5)  # below: nothing to do
+    assert note_achieved(cpu, "fp32", peak.flops_per_s * 1.3)
+    assert "a run achieved" in unusable_reason(read_cache()[cache_key(cpu, "fp32")], cpu, "fp32")
+    again = _quiet_peak(cpu, "fp32")  # measured again, not the beaten record
+    assert "beaten_by_flops_per_s" not in read_cache()[cache_key(cpu, "fp32")]
+    assert again.flops_per_s > 0
+
+
+@pytest.mark.timeout(120)
+def test_the_device_check_replaces_a_poisoned_peak(home):
+    from engine.hardware.check import run_check
+    from engine.hardware.peaks import cache_key
+
+    cpu = cpu_device()
+    _poison(cpu, 0.22e9, False)
+    for _attempt in range(3):
+        result = run_check("cpu", time_budget_s=8)
+        fp32 = next(line for line in result["lines"] if line["dtype"] == "fp32")
+        if fp32["peak_record"]["kept"]:
+            break
+        assert "busy" in fp32["peak_record"]["not_kept_because"], fp32["peak_record"]
+        time.sleep(2.0)
+    assert fp32["peak_record"]["kept"], fp32["peak_record"]
+    record = read_cache()[cache_key(cpu, "fp32")]
+    assert record["source"] == "device check" and record["busy"] is False
+    assert record["flops_per_s"] == pytest.approx(fp32["value"] * 1e9, rel=1e-3)
+    assert peak_for(cpu, "fp32", measure=False).flops_per_s == record["flops_per_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_next_run_after_a_poisoned_cache_reports_a_plausible_mfu(home, cli):
+    """The bug report's state: a tiny fp32 record (taken under load, before records kept
+    their load). A real run (worker, trainer) measures the peak again and its MFU is
+    plausible, named against the new peak; the cache holds the new, quiet record."""
+    from engine.hardware.peaks import cache_key
+
+    cpu = cpu_device()
+    _poison(cpu, 0.22e9, None, version=1)
+    for _attempt in range(3):
+        proc = cli("run", "--model", "mlp", "--precision", "fp32", "--steps", "30",
+                   "--batch-size", "64", "--no-profile", "--json", timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if result["mfu"] is not None:
+            break
+        time.sleep(2.0)  # the machine was busy at the run's start: the next one measures
+    assert result["mfu"] is not None, result
+    assert 0.0 < result["mfu"] <= 1.0
+    assert result["mfu_peak"].startswith("measured fp32 matmul peak, ")
+    assert "(run start, " in result["mfu_peak"] and "machine quiet" in result["mfu_peak"]
+    records = [r for k, r in read_cache().items() if "|fp32|" in k and r.get("version") == 2
+               and not r.get("busy")]
+    assert records and all(r["flops_per_s"] > 1e9 for r in records)
+    assert read_cache()[cache_key(cpu, "fp32", 1)]["flops_per_s"] > 1e9  # the run's key

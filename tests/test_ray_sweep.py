@@ -165,7 +165,9 @@ def test_a_ray_sweep_finishes_with_metrics_telemetry_traces_and_summaries(finish
         summary = run.summary
         assert summary["samples_per_s"] > 0 and math.isfinite(summary["final_loss"])
         assert summary["steps_completed"] == 20 and summary["param_count"] > 0
-        assert summary["peak_flops"] > 0  # the peak lookup ran on the node
+        # The peak lookup ran on the node: a figure, or (two tasks measuring beside each
+        # other's training) the refusal to keep one taken while busy.
+        assert summary["peak_flops"] or "busy" in summary["mfu_note"], summary.get("mfu_note")
         # The profiler window's trace and the CPU evidence came back through the actor.
         trace = lab.run_dir(run.id) / "trace.json.gz"
         assert trace.stat().st_size > 1000

@@ -21,62 +21,24 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
-OTHERS_SHARE_OF_CORES = 0.25
-MIN_OTHERS_CORES = 0.5
-STEAL_PCT = 5.0
-LOW_CLOCK_FRACTION = 0.9
-BUSY_GPU_UTIL_PCT = 50.0
+# The per-sample rule lives beside the probe that measures it (engine.hardware.contention),
+# so the peak microbenchmark below this wing can ask it too; the verdict over a set of
+# samples and its sentence are here.
+from engine.hardware.contention import (  # noqa: E402 - re-exported: one rule
+    BUSY_GPU_UTIL_PCT,
+    LIMIT_REASONS,
+    LOW_CLOCK_FRACTION,
+    MIN_OTHERS_CORES,
+    OTHERS_SHARE_OF_CORES,
+    STEAL_PCT,
+    number as _number,
+    others_limit_cores,
+    sample_causes,
+    sample_is_busy,
+)
+
 BUSY_SHARE = 0.2
 UNRELIABLE = "throughput figures are unreliable"
-# NVML reasons that mean the clocks were lowered by something other than the workload.
-LIMIT_REASONS = ("sw power cap", "hw slowdown", "sw thermal", "hw thermal", "hw power brake")
-
-
-def _number(row: Mapping[str, Any], key: str) -> float | None:
-    value = row.get(key)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if value != value else value  # NaN from a pandas frame -> None
-
-
-def others_limit_cores(cores: int) -> float:
-    return max(MIN_OTHERS_CORES, OTHERS_SHARE_OF_CORES * cores)
-
-
-def sample_causes(row: Mapping[str, Any], cores: int) -> list[str]:
-    """Why this one sample was busy (empty: it was not, or nothing was measured)."""
-    causes = []
-    others = _number(row, "others_cpu_cores")
-    if others is not None and others >= others_limit_cores(cores):
-        causes.append("other processes")
-    steal = _number(row, "steal_pct")
-    if steal is not None and steal >= STEAL_PCT:
-        causes.append("steal")
-    procs = _number(row, "gpu_other_procs")
-    if procs:
-        causes.append("other GPU processes")
-    reasons = row.get("throttle_reasons")
-    if isinstance(reasons, str) and any(reason in reasons for reason in LIMIT_REASONS):
-        causes.append("GPU clocks limited")
-    clock, clock_max = _number(row, "sm_clock_mhz"), _number(row, "sm_clock_max_mhz")
-    util = _number(row, "gpu_util_pct")
-    if (clock and clock_max and util is not None and util >= BUSY_GPU_UTIL_PCT
-            and clock < LOW_CLOCK_FRACTION * clock_max):
-        causes.append("low SM clock")
-    return causes
-
-
-def sample_is_busy(row: Mapping[str, Any] | None, cores: int) -> bool | None:
-    """True/False for a sample with CPU or GPU evidence; None when it has none."""
-    if not row:
-        return None
-    measured = any(_number(row, key) is not None
-                   for key in ("others_cpu_cores", "steal_pct", "gpu_other_procs", "sm_clock_mhz"))
-    if not measured:
-        return None
-    return bool(sample_causes(row, cores))
 
 
 def _median(rows: list[Mapping[str, Any]], key: str) -> float | None:

@@ -247,6 +247,7 @@ def run_summary(run_id: str, store: Store) -> dict[str, Any]:
         "skipped_steps": int(s.get("skipped_steps", last.get("skipped_steps") or 0) or 0),
         "achieved_tflops": s.get("achieved_tflops"),
         "mfu": s.get("mfu"),  # the steady median, as on Live, Compare and the report
+        "mfu_peak": s.get("peak_label") or s.get("peak_source"),  # what MFU is relative to
         "flops_per_step": s.get("flops_per_step"),
         "param_count": s.get("param_count"),
         "device": run.device_key,

@@ -39,6 +39,7 @@ from engine.hardware.devices import (
     resolve_device_key,
     torch_build,
 )
+from engine.hardware.contention import ContentionProbe
 from engine.hardware.gpus import datasheet_row
 from engine.hardware.nvml import nvml_index, nvml_unavailable_reason
 from engine.hardware.peaks import (
@@ -47,6 +48,7 @@ from engine.hardware.peaks import (
     matmul_operands,
     measure_matmul,
     peak_for,
+    record_check,
     tf32_mode,
 )
 from engine.hardware.telemetry import gpm_tensor_util, nvml_snapshot
@@ -55,6 +57,7 @@ from engine.proc import PROJECT_ROOT
 OK, SLOW, NOT_SUPPORTED, SKIPPED = "ok", "slow", "not supported", "skipped"
 VERDICTS = (OK, SLOW, NOT_SUPPORTED, SKIPPED)
 SLOW_RATIO_TO_PEAK = 0.5  # under half the datasheet peak on a saturating matmul is "slow"
+IMPLAUSIBLE_RATIO_TO_PEAK = 1.15  # boost clocks give a few % over the datasheet, never 15 %
 STAGE_CAP_S = 2.0         # more time per dtype does not make the number better
 MATRIX_CATEGORIES = ("gemm", "conv", "attention")
 # Matmul dtypes that should run on Tensor Cores on a GPU that has them (fp32 has TF32 off).
@@ -175,6 +178,12 @@ def matmul_verdict(dev_kind: str, dtype: str, support: ModeSupport, ratio_to_pea
         if dtype == "fp32" or speedup_vs_fp32 is None or speedup_vs_fp32 >= 1.0:
             return OK, _join(f"native: {support.reason}", speed)
         return SLOW, _join(f"native unit, yet slower than fp32: {support.reason}", speed)
+    if ratio_to_peak is not None and ratio_to_peak > IMPLAUSIBLE_RATIO_TO_PEAK:
+        # Faster than the silicon can go: the timing is wrong (an unsynchronised clock, a
+        # kernel that did not run), not the GPU fast. Never reported as ok.
+        return SLOW, _join(f"{ratio_to_peak:.0%} of the datasheet peak is more than the GPU "
+                           "can do: the timing is not trustworthy; run the check again",
+                           speed)
     if dtype in TENSOR_CORE_DTYPES and tensor_core == "no":
         return SLOW, _join(f"ran on CUDA cores, not Tensor Cores: {tc_evidence}", speed)
     if ratio_to_peak is not None and ratio_to_peak < SLOW_RATIO_TO_PEAK:
@@ -317,6 +326,7 @@ def _matmul_line(dev: DeviceInfo, dtype: str, support: ModeSupport, budget: _Bud
     if stage_s is None:
         budget.end(stage)
         return _line("matmul", dtype, unit, SKIPPED, f"time budget of {budget.total_s:g} s spent")
+    probe = ContentionProbe()  # watches the measurement: a busy figure is not kept as the peak
     try:
         timing = measure_matmul(dev.key, dtype, budget_s=stage_s)
     except Exception as exc:  # e.g. a kernel missing from this build: say so, keep going
@@ -324,13 +334,20 @@ def _matmul_line(dev: DeviceInfo, dtype: str, support: ModeSupport, budget: _Bud
         return _line("matmul", dtype, unit, NOT_SUPPORTED,
                      f"matmul failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     value = timing.flops_per_s / scale
+    # The check's measurement becomes the peak MFU is relative to on this device (quiet
+    # and plausible only); a datasheet GPU keeps its datasheet peak.
+    record = (record_check(dev, dtype, timing, probe)
+              if dev.kind == "cpu" or datasheet_row(dev.name) is None else None)
     peak_info = peak_for(dev, dtype, measure=False) if dev.kind == "cuda" else None
     peak = (peak_info.flops_per_s / scale
             if peak_info and peak_info.flops_per_s and peak_info.source.startswith("datasheet")
             else None)
     ratio = value / peak if peak else None
     speedup = value / fp32_value if fp32_value else (1.0 if dtype == "fp32" else None)
-    extra: dict[str, Any] = {"n": timing.n}
+    extra: dict[str, Any] = {"n": timing.n, "trials": timing.reps}
+    if record is not None:
+        extra["peak_record"] = {key: record.get(key) for key in (
+            "kept", "not_kept_because", "busy", "load_words", "measured_at")}
     tensor_core, evidence, kernels = None, "", []
     if dev.kind == "cuda":
         budget.report(_fraction_done(budget), f"{dtype} matmul: profiling kernels")

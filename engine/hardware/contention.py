@@ -11,14 +11,16 @@ sample (the telemetry thread, 2 Hz) this reads, over the interval since the last
 - steal_pct: time the hypervisor ran other guests on this VM's CPUs (/proc/stat steal);
 - load_per_core: the 1-minute load average over logical cores (lags; context only).
 
-What counts as busy is decided in one place: engine.analysis.contention.
+What counts as busy, per sample, is decided here (`sample_is_busy`, thresholds and why:
+docs/precision-reference.md#contention); the verdict over a run's samples and its sentence
+are engine.analysis.contention's.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Mapping
 
 # Below this interval a CPU-share sample is mostly the scheduler tick's rounding.
 MIN_SAMPLE_INTERVAL_S = 0.2
@@ -131,3 +133,62 @@ def _load_per_core(cores: int) -> float | None:
         return os.getloadavg()[0] / cores
     except (AttributeError, OSError):
         return None
+
+
+# ---------------------------------------------------------------------------------------
+# the per-sample rule
+
+OTHERS_SHARE_OF_CORES = 0.25
+MIN_OTHERS_CORES = 0.5
+STEAL_PCT = 5.0
+LOW_CLOCK_FRACTION = 0.9
+BUSY_GPU_UTIL_PCT = 50.0
+# NVML reasons that mean the clocks were lowered by something other than the workload.
+LIMIT_REASONS = ("sw power cap", "hw slowdown", "sw thermal", "hw thermal", "hw power brake")
+
+
+def number(row: Mapping[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if value != value else value  # NaN from a pandas frame -> None
+
+
+def others_limit_cores(cores: int) -> float:
+    return max(MIN_OTHERS_CORES, OTHERS_SHARE_OF_CORES * cores)
+
+
+def sample_causes(row: Mapping[str, Any], cores: int) -> list[str]:
+    """Why this one sample was busy (empty: it was not, or nothing was measured)."""
+    causes = []
+    others = number(row, "others_cpu_cores")
+    if others is not None and others >= others_limit_cores(cores):
+        causes.append("other processes")
+    steal = number(row, "steal_pct")
+    if steal is not None and steal >= STEAL_PCT:
+        causes.append("steal")
+    procs = number(row, "gpu_other_procs")
+    if procs:
+        causes.append("other GPU processes")
+    reasons = row.get("throttle_reasons")
+    if isinstance(reasons, str) and any(reason in reasons for reason in LIMIT_REASONS):
+        causes.append("GPU clocks limited")
+    clock, clock_max = number(row, "sm_clock_mhz"), number(row, "sm_clock_max_mhz")
+    util = number(row, "gpu_util_pct")
+    if (clock and clock_max and util is not None and util >= BUSY_GPU_UTIL_PCT
+            and clock < LOW_CLOCK_FRACTION * clock_max):
+        causes.append("low SM clock")
+    return causes
+
+
+def sample_is_busy(row: Mapping[str, Any] | None, cores: int) -> bool | None:
+    """True/False for a sample with CPU or GPU evidence; None when it has none."""
+    if not row:
+        return None
+    measured = any(number(row, key) is not None
+                   for key in ("others_cpu_cores", "steal_pct", "gpu_other_procs", "sm_clock_mhz"))
+    if not measured:
+        return None
+    return bool(sample_causes(row, cores))

@@ -44,7 +44,7 @@ class CpuMatrixUnit:
         return self.unit
 
 
-def _vector_isa(flags: frozenset[str]) -> str:
+def vector_isa(flags: frozenset[str]) -> str:
     if "avx512f" in flags:
         return "AVX-512"
     if "avx2" in flags:
@@ -93,7 +93,7 @@ def _fp16_unit(flags: frozenset[str], vector: str) -> CpuMatrixUnit:
 def cpu_matrix_unit(flags: frozenset[str], dtype: str) -> CpuMatrixUnit:
     """What this CPU (by its ISA flags) runs `dtype` matmuls on: fp32 | bf16 | fp16 |
     tf32 | fp8."""
-    vector = _vector_isa(flags)
+    vector = vector_isa(flags)
     has_amx = "amx_bf16" in flags or "amx_fp16" in flags
     if dtype == "fp32":
         return _fp32_unit(vector, has_amx)
