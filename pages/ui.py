@@ -52,13 +52,16 @@ def ensure_app_shell() -> None:
 
 @st.cache_resource(show_spinner=False)
 def _cached_store(home: str | None) -> Store:
+    import os
+
     from engine.run import standby
 
     store = Store(home)
-    # A trainer with PyTorch already loaded, ready for the first launch from this server
-    # (a run that used it leaves a successor when it ends). Off with
-    # PRECISION_LAB_STANDBY=0.
+    # A trainer with PyTorch already loaded, ready for the first launch from this server;
+    # while this server lives, every run that ends (stopped, killed, failed too) leaves a
+    # successor (engine.run.standby.keep). Off with PRECISION_LAB_STANDBY=0.
     try:
+        standby.want(store, os.getpid())
         standby.ensure(store)
     except OSError:
         pass  # launches still work; they start a trainer the slower way

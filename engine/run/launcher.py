@@ -28,6 +28,7 @@ from engine.proc import (
     process_create_time,
     signal_group,
 )
+from engine.run import standby
 from engine.run.ranks import live_rank_pids, signal_rank_processes
 from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, RUNNING, STOPPED, WORKER_LOG
 from engine.store import RunRecord, Store
@@ -79,6 +80,8 @@ def reconcile(store: Store) -> list[str]:
             kill_if_ours(run.train_pid, run.train_pid_create_time)
             if run.config.nprocs > 1:  # ranks live in their own sessions: end them too
                 _signal_run(store, run, signal.SIGKILL)
+    if failed:
+        standby.keep(store)  # a killed supervisor left no successor for the app
     return failed
 
 
@@ -104,6 +107,8 @@ def stop(run_id: str, store: Store | None = None, grace_s: float = STOP_GRACE_S)
     store.set_status(run_id, STOPPED, f"stopped by request at step "
                                       f"{store.get_run(run_id).steps_completed}",
                      only_from=(QUEUED, RUNNING))
+    # The supervisor leaves the app's standby itself, unless the stop had to kill it.
+    standby.keep(store)
     return store.get_run(run_id)
 
 

@@ -26,6 +26,12 @@ Lifetime and safety:
     SIGTERM; `PRECISION_LAB_STANDBY=0` turns the whole mechanism off.
   - Runs with a memory cap never use it: the cap (RLIMIT_AS) must be set before the
     process maps PyTorch, so those trainers start fresh.
+  - The app asks for a standby to be kept ready (`want`, a small file naming the
+    server's pid). While that server lives, every way a run can end leaves a successor
+    (`keep`): the supervisor when its run is asked to stop and when it ends, the
+    launcher after a stop (a supervisor killed mid-stop cannot), reconcile after a
+    death. A successor importing torch is recorded (`standby.starting.json`), so two of
+    them asking at once start one.
 """
 
 from __future__ import annotations
@@ -46,8 +52,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.proc import PROJECT_ROOT, child_env, die_with_parent, open_private_log
-from engine.schema import STANDBY_LOG, WORKER_LOG
+from engine.proc import (
+    PROJECT_ROOT,
+    child_env,
+    die_with_parent,
+    is_alive,
+    make_private,
+    open_private_log,
+    process_create_time,
+)
+from engine.schema import STANDBY_LOG, STANDBY_STARTING, STANDBY_WANTED, WORKER_LOG
 from engine.store import Store, validate_run_id
 
 ENABLE_ENV = "PRECISION_LAB_STANDBY"
@@ -162,6 +176,60 @@ def shutdown(home: Path) -> bool:
         conn.close()
 
 
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    make_private(tmp)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _live_pid(record: dict[str, Any]) -> int | None:
+    pid = record.get("pid")
+    if isinstance(pid, int) and is_alive(pid, record.get("create_time")):
+        return pid
+    return None
+
+
+def want(store: Store, owner_pid: int) -> None:
+    """Keep a standby ready for this data directory while `owner_pid` (the app's
+    server) lives: runs that end then always leave a successor."""
+    try:
+        _write_json(store.home / STANDBY_WANTED,
+                    {"pid": owner_pid, "create_time": process_create_time(owner_pid)})
+    except OSError:
+        pass  # a read-only data dir: launches still work, the slower way
+
+
+def wanted(home: Path) -> bool:
+    """True while the process that asked for a standby (`want`) is alive."""
+    return _live_pid(_read_json(Path(home) / STANDBY_WANTED)) is not None
+
+
+def keep(store: Store) -> int | None:
+    """`ensure` when a standby is wanted for this data directory (the app runs), else
+    nothing: a run from a terminal with no app leaves no daemon behind. Never raises."""
+    if not wanted(store.home):
+        return None
+    try:
+        return ensure(store)
+    except OSError as exc:  # a standby is an optimisation; the caller's work goes on
+        print(f"[standby] no successor started: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def starting_pid(home: Path) -> int | None:
+    """The pid of a standby started for `home` that is still importing torch, if any."""
+    return _live_pid(_read_json(Path(home) / STANDBY_STARTING))
+
+
 def ensure(store: Store) -> int | None:
     """Start a standby for `store`'s data directory unless one is listening; its pid.
 
@@ -173,7 +241,7 @@ def ensure(store: Store) -> int | None:
     """
     if not enabled():
         return None
-    existing = ping(store.home)
+    existing = ping(store.home) or starting_pid(store.home)
     if existing is not None:
         return existing
 
@@ -184,6 +252,9 @@ def ensure(store: Store) -> int | None:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=str(PROJECT_ROOT), env=child_env(store.home),
             start_new_session=True, close_fds=True)
+    with contextlib.suppress(OSError):  # lets a second caller see this one is on its way
+        _write_json(store.home / STANDBY_STARTING,
+                    {"pid": proc.pid, "create_time": process_create_time(proc.pid)})
     # A long-lived parent (the Streamlit server) must wait for its standby when it exits,
     # or the finished standby stays a zombie under the server: a thread does the wait.
     threading.Thread(target=proc.wait, name=f"reap-standby-{proc.pid}", daemon=True).start()
@@ -262,6 +333,9 @@ def serve(home: Path) -> int:
         print(f"[standby {os.getpid()}] another standby serves {home}; exiting", flush=True)
         return 0
     listener.listen(4)
+    if starting_pid(home) == os.getpid():
+        with contextlib.suppress(OSError):
+            (Path(home) / STANDBY_STARTING).unlink()
     print(f"[standby {os.getpid()}] ready for {home}", flush=True)
     idle_deadline = time.monotonic() + IDLE_EXIT_S
     while not stop["requested"] and time.monotonic() < idle_deadline:

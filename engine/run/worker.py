@@ -45,6 +45,15 @@ def supervise(run_id: str, store: Store) -> int:
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    try:
+        return _supervise(run_id, store, stop)
+    finally:
+        # Every ending leaves the app's standby in place: the next launch from the app
+        # must find a trainer with torch loaded, after a stop and a failure too.
+        standby.keep(store)
+
+
+def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
     store.update_run(run_id, pid=os.getpid(), pid_create_time=process_create_time(os.getpid()))
     config_error = store.get_run(run_id).config_error
     if config_error:  # never train defaults in place of a config that does not parse
@@ -70,11 +79,13 @@ def supervise(run_id: str, store: Store) -> int:
     child = _start_trainer(run_id, run, store)
     store.update_run(run_id, train_pid=child.pid,
                      train_pid_create_time=process_create_time(child.pid))
-    return_code = _wait_child(child, stop)
+    used_standby = isinstance(child, standby.StandbyTrainer)
+    return_code = _wait_child(child, stop, on_stop=lambda: standby.keep(store))
     _record_exit(store, run_id, return_code, stop.requested, oom_kills_before)
-    if isinstance(child, standby.StandbyTrainer):
-        # This run used up the standby that someone started (the app does): leave its
-        # successor. A run from a terminal with no standby leaves no daemon behind.
+    if used_standby:
+        # This run used up a standby that someone started (the app, `engine standby
+        # start`): leave its successor. A run from a terminal with no standby leaves no
+        # daemon behind.
         _replace_standby(store)
     return 0
 
@@ -106,8 +117,10 @@ def _replace_standby(store: Store) -> None:
         print(f"[supervisor] no standby started: {exc}", flush=True)
 
 
-def _wait_child(child, stop: StopFlag) -> int:
-    """`child`: a subprocess.Popen or a standby.StandbyTrainer (same wait/signal API)."""
+def _wait_child(child, stop: StopFlag, on_stop=lambda: None) -> int:
+    """`child`: a subprocess.Popen or a standby.StandbyTrainer (same wait/signal API).
+    `on_stop()` runs once, right after a stop is forwarded (the successor standby starts
+    its imports then, while the trainer winds down: the stop may end in SIGKILL)."""
     forwarded_at = None
     while True:
         try:
@@ -117,6 +130,7 @@ def _wait_child(child, stop: StopFlag) -> int:
         if stop.requested and forwarded_at is None:
             forwarded_at = time.monotonic()
             child.send_signal(signal.SIGTERM)  # already sent to the group; harmless twice
+            on_stop()
         if forwarded_at is not None and time.monotonic() - forwarded_at > 2.5:
             child.kill()
 
