@@ -380,13 +380,32 @@ check_problem = ("Choose at least 2 modes." if len(check_modes) < 2 else
                  if not single_process else None)
 if check_problem:
     st.caption(check_problem)
-if st.button("Run speedup check", key="speedup_check", width="stretch",
-             disabled=check_problem is not None or not inputs_ok):
-    check_ids = launch_configs(lambda: [build_config(check_modes[0]).replace(
-        speedup_modes=",".join(check_modes), speedup_budget_s=float(check_budget_s),
+
+
+def _launch_check(modes: list[str]) -> None:
+    check_ids = launch_configs(lambda: [build_config(modes[0]).replace(
+        speedup_modes=",".join(modes), speedup_budget_s=float(check_budget_s),
         speedup_target_pct=float(check_target_pct), profile=False, numerics=False)])
     if check_ids:
         open_in_live(check_ids[0])
+
+
+run_col, aa_col = st.columns([2, 1])
+with run_col:
+    if st.button("Run speedup check", key="speedup_check", width="stretch",
+                 disabled=check_problem is not None or not inputs_ok):
+        _launch_check(check_modes)
+aa_baseline = check_modes[0] if check_modes else None
+with aa_col:
+    # The method checked on itself: the baseline against a second copy of itself. A
+    # sound check says "no measurable difference" (or "inconclusive" when busy) in at
+    # least 95 % of such checks.
+    if st.button(f"A/A check ({aa_baseline or 'baseline'} vs itself)", key="speedup_aa_check",
+                 width="stretch",
+                 disabled=aa_baseline is None or not single_process or not inputs_ok,
+                 help="Runs the first mode twice, as two copies interleaved like any check: "
+                      "it should find no difference. Checks the method on this machine."):
+        _launch_check([aa_baseline, aa_baseline])
 
 with st.expander(f"Precision modes on {device.name}"):
     st.table([{"mode": m, "status": f"{MODE_ICONS[s.status]} {s.status}", "why": s.reason}

@@ -516,3 +516,62 @@ def test_kernels_page_upload_two_traces_and_a_broken_one(server, page, tmp_path)
              message=lambda: f"the parts table (columns: {grid_columns(page)})")
     assert not error_alerts(page)
     assert_page_healthy(page, "Kernels with two uploaded traces")
+
+
+_FOREST_LABELS_JS = """() => Array.from(document.querySelectorAll(
+    '.js-plotly-plot .textpoint text')).map(t => t.textContent)"""
+_CLAIM = re.compile(r"\d(\.\d+)?x (faster|slower) than")
+
+
+@pytest.mark.timeout(420)
+def test_an_aa_check_from_the_form_under_load_is_inconclusive_on_every_surface(
+        server, page, store, tmp_path):
+    """The A/A button launches the baseline against itself; run under a CPU hog, the
+    check's forest plot, table and text in the browser, Compare, the HTML report and the
+    CLI's JSON all say "inconclusive" and none states a difference."""
+    from bench._hog import cpu_hog
+    from engine.cli.speedup import check_result, format_result
+    from engine.report.html import build_html
+
+    goto(page, f"{server.url}/", TITLES[""])
+    choose(page, "device", lambda text: text.startswith("cpu:"))
+    choose(page, "model", "mlp")
+    set_number(page, "speedup_budget_s", 6)
+    with cpu_hog(processes=2):
+        page.get_by_role("button", name="A/A check (fp32 vs itself)", exact=True).click()
+        page.wait_for_url(LIVE_URL, timeout=30_000)
+        run_id = parse_qs(urlparse(page.url).query)["run"][0]
+        wait_for(lambda: status_of(store, run_id) in ("finished", "failed", "stopped"), 240,
+                 message=f"check {run_id} to end")
+    check = store.get_run(run_id)
+    assert check.status == "finished", check.reason
+    assert check.config.speedup_mode_list == ["fp32", "fp32"]
+    assert check.summary["contention"]["busy"] is True, check.summary["contention"]
+
+    goto(page, f"{server.url}/live?run={run_id}", TITLES["live"])
+    wait_for(lambda: page.evaluate(_FOREST_LABELS_JS), 60, message="the forest plot's labels")
+    labels = page.evaluate(_FOREST_LABELS_JS)
+    assert labels and all(label.endswith(" inconclusive") for label in labels), labels
+    assert any("machine busy: inconclusive" in t for t in chart_titles(page)), chart_titles(page)
+    wait_for(lambda: len(grid_cells(page)) >= 2, 30, message="the per-mode table")
+    columns = grid_columns(page)
+    twin_row = next(row for row in grid_cells(page) if "fp32 (2)" in row)
+    verdict_cell = twin_row[columns.index("verdict")] if "verdict" in columns else twin_row[-1]
+    assert verdict_cell.startswith("inconclusive: the machine was busy"), verdict_cell
+    text = main_text(page)
+    assert "throughput figures are unreliable" in text
+    assert not _CLAIM.search(text), text[:3000]
+    assert_page_healthy(page, "Live of a busy A/A check")
+
+    goto(page, f"{server.url}/compare?runs={run_id}", "Compare runs")
+    wait_for(lambda: page.evaluate(_FOREST_LABELS_JS), 60, message="Compare's forest plot")
+    assert all(label.endswith(" inconclusive") for label in page.evaluate(_FOREST_LABELS_JS))
+    assert not _CLAIM.search(main_text(page))
+
+    report = build_html(store, [run_id])
+    assert "inconclusive: the machine was busy" in report and not _CLAIM.search(report)
+    result = check_result(run_id, store)
+    twin = result["modes"]["fp32 (2)"]
+    assert twin["verdict"] == "inconclusive" and twin["significant"] is False
+    assert twin["verdict_reason"] == "the machine was busy during the check"
+    assert not _CLAIM.search(format_result(result))

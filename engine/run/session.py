@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.analysis.contention import assess, sample_is_busy
-from engine.analysis.speedup import explain
-from engine.config import COMPUTE_DTYPES, RunConfig
+from engine.analysis.speedup import apply_verdicts, explain
+from engine.config import COMPUTE_DTYPES, Precision, RunConfig
 from engine.hardware.contention import logical_cores
-from engine.hardware.devices import get_device
-from engine.hardware.peaks import fp8_advice, linear_gemm_shapes, peak_for
+from engine.hardware.devices import EMULATED, get_device, mode_support
+from engine.hardware.peaks import fp8_advice, linear_gemm_shapes, note_achieved, peak_for
 from engine.schema import (
     DIVERGED,
     FAILED,
@@ -158,6 +158,10 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     close_metrics()
     summary = result_summary(result, peak) if spec.lead else {}
     if spec.lead:
+        check_peak_beaten(spec.device_key, cfg, result.achieved_tflops,
+                          peak / spec.parallel.world_size
+                          if peak and spec.parallel is not None
+                          and spec.device_key.startswith("cuda") else peak)
         summary["contention"] = marker.verdict()
         if spec.parallel is not None:
             summary["parallel"] = spec.parallel.describe()
@@ -198,27 +202,15 @@ class ContentionMarker:
 def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome:
     """A paired speedup check (cfg.speedup_modes) instead of a training run: the result so
     far is merged into the summary ("speedup") after every round, for Live and the CLI."""
-    from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
-    from engine.training.speedup import measure_speedup  # imports torch
-
     cfg = spec.cfg
-    peaks = speedup_peaks(spec.device_key, cfg) if spec.lead else {}
-    shapes = model_gemm_shapes(cfg)
-    sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
-    cores = logical_cores()
-    samples: dict[float, dict] = {}
-
-    def on_round() -> None:
-        if sampler.latest:
-            samples[sampler.latest["t_s"]] = sampler.latest
 
     def on_progress(result: dict[str, Any]) -> None:
-        result = with_context(result, peaks, assess(samples.values(), cores), shapes)
         spec.sink.merge_summary(spec.run_id, {"speedup": {**result, "running": True}})
 
     try:
-        result = measure_speedup(cfg, spec.device_key, on_progress=on_progress,
-                                 should_stop=spec.should_stop, on_round=on_round)
+        result = speedup_check(cfg, spec.device_key, on_progress, spec.should_stop,
+                               telemetry=spec.telemetry, telemetry_key=spec.telemetry_key,
+                               with_peaks=spec.lead)
     except BaseException as exc:  # noqa: BLE001 - every ending is an outcome
         close_metrics()
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -227,18 +219,47 @@ def run_speedup_session(spec: SessionSpec, close_metrics: Callable[[], None]) ->
         if is_oom(exc):
             return Outcome(OOM, _record_oom(spec, exc), error=exc)
         return Outcome(FAILED, f"{type(exc).__name__}: {exc}"[:2000], error=exc)
-    finally:
-        sampler.stop()
     close_metrics()
-    contention = assess(samples.values(), cores)
-    summary = {"speedup": {**with_context(result, peaks, contention, shapes), "running": False},
-               "contention": contention}
+    summary = {"speedup": {**result, "running": False}, "contention": result["contention"]}
     spec.sink.merge_summary(spec.run_id, summary)
     stopped = result["stopped_by"] == "stop requested"
     reason = (f"stopped by request after {result['rounds']} rounds" if stopped else
               f"{result['rounds']} rounds of {result['block_steps']} steps per mode "
               f"(stopped by {result['stopped_by']})")
     return Outcome(STOPPED if stopped else FINISHED, reason, summary)
+
+
+def speedup_check(cfg: RunConfig, device_key: str,
+                  on_progress: Callable[[dict[str, Any]], None] = lambda _r: None,
+                  should_stop: Callable[[], bool] = lambda: False,
+                  telemetry: Callable[[list[dict]], None] = lambda _rows: None,
+                  telemetry_key: str | None = None, with_peaks: bool = True) -> dict[str, Any]:
+    """One paired speedup check in this process, judged: the measurement
+    (training.speedup), the machine's load over its rounds (the telemetry sampler), each
+    mode's verdict under that load and the findings. What a check run stores, and what
+    bench/speedup_calibration.py repeats to measure the method's false-claim rate."""
+    from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
+    from engine.training.speedup import measure_speedup  # imports torch
+
+    peaks = speedup_peaks(device_key, cfg) if with_peaks else {}
+    shapes = model_gemm_shapes(cfg)
+    sampler = TelemetrySampler(telemetry_key or device_key, telemetry).start()
+    cores = logical_cores()
+    samples: dict[float, dict] = {}
+
+    def on_round() -> None:
+        if sampler.latest:
+            samples[sampler.latest["t_s"]] = sampler.latest
+
+    def progress(result: dict[str, Any]) -> None:
+        on_progress(with_context(result, peaks, assess(samples.values(), cores), shapes))
+
+    try:
+        result = measure_speedup(cfg, device_key, on_progress=progress,
+                                 should_stop=should_stop, on_round=on_round)
+    finally:
+        sampler.stop()
+    return with_context(result, peaks, assess(samples.values(), cores), shapes)
 
 
 def speedup_peaks(device_key: str, cfg: RunConfig) -> dict[str, dict[str, Any]]:
@@ -249,7 +270,11 @@ def speedup_peaks(device_key: str, cfg: RunConfig) -> dict[str, dict[str, Any]]:
     for mode in dict.fromkeys(cfg.speedup_mode_list):
         try:
             dtype = COMPUTE_DTYPES[mode]
-            out[mode] = {"dtype": dtype, **peak_for(device, dtype).to_dict()}
+            support = mode_support(device, Precision(mode))
+            out[mode] = {"dtype": dtype, **peak_for(device, dtype).to_dict(),
+                         "emulated": support.status == EMULATED,
+                         "emulated_reason": support.reason if support.status == EMULATED
+                         else None}
         except Exception as exc:  # noqa: BLE001 - the explanation is optional; the check is not
             out[mode] = {"dtype": None, "flops_per_s": None, "source": "n/a", "note": str(exc)}
     return out
@@ -257,13 +282,15 @@ def speedup_peaks(device_key: str, cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 def with_context(result: dict[str, Any], peaks: dict[str, dict[str, Any]],
                  contention: dict[str, Any], gemm_shapes: list | None = None) -> dict[str, Any]:
-    """The check's result with each mode's matmul peak, the contention verdict and the
+    """The check's result with each mode's matmul peak, the contention verdict, each
+    mode's verdict under it (one rule: engine.analysis.speedup.mode_verdict) and the
     findings that say why (engine.analysis.speedup.explain)."""
     modes = []
     for row in result["modes"]:
         mode = row["mode"].split(" (")[0]
         modes.append({**row, "peak": peaks.get(mode)})
-    full = {**result, "modes": modes, "contention": contention, "gemm_shapes": gemm_shapes}
+    full = apply_verdicts({**result, "modes": modes, "contention": contention,
+                           "gemm_shapes": gemm_shapes})
     full["findings"] = explain(full)
     return full
 
@@ -294,7 +321,7 @@ def result_summary(result, peak_flops: float | None) -> dict[str, Any]:
                 f"MFU omitted: the run achieved {result.achieved_tflops * 1e3:.3g} GFLOP/s, "
                 f"more than the {peak_flops / 1e9:.3g} GFLOP/s peak measured by the matmul "
                 "microbenchmark, so that peak does not represent this model's matmuls "
-                "(typical of emulated dtypes)")
+                "(typical of emulated dtypes); the peak is measured again at the next run")
     return summary
 
 
@@ -310,8 +337,22 @@ def device_peak(sink: SummarySink, run_id: str, device_key: str, cfg: RunConfig)
         sink.merge_summary(run_id, {"mfu_note": f"peak unavailable: {exc}"})
         return None
     sink.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
-                                "mfu_note": peak.note, "fp8_advice": fp8_advice(cfg)})
+                                "peak_label": peak.label or None, "mfu_note": peak.note,
+                                "fp8_advice": fp8_advice(cfg)})
     return peak.flops_per_s
+
+
+def check_peak_beaten(device_key: str, cfg: RunConfig, achieved_tflops: float | None,
+                      peak_flops: float | None) -> None:
+    """A run that achieved more than its measured peak proves the peak too low: the
+    stored record is marked, and the next run measures it again."""
+    if not achieved_tflops or not peak_flops or achieved_tflops * 1e12 <= peak_flops:
+        return
+    try:
+        note_achieved(get_device(device_key), cfg.precision_mode.compute_dtype,
+                      achieved_tflops * 1e12)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation; the run's result stands
+        pass
 
 
 def looks_like_oom(exc: BaseException) -> bool:
