@@ -235,7 +235,7 @@ def _poison(device, flops_per_s: float, busy: bool | None, version: int = 2) -> 
     from engine.hardware.peaks import cache_key
 
     entry = {"flops_per_s": flops_per_s, "n": 128, "measured_at": time.time() - 3600,
-             "device_name": device.name, "source": "run start"}
+             "device_name": device.name, "source": "a run"}
     if version == 2:
         entry.update(version=2, busy=busy, load_words="other processes used 1.9 of 2 cores")
     records = {cache_key(device, dtype, threads): entry
@@ -365,7 +365,7 @@ def test_the_next_run_after_a_poisoned_cache_reports_a_plausible_mfu(home, cli):
     assert result["mfu"] is not None, result
     assert 0.0 < result["mfu"] <= 1.0
     assert result["mfu_peak"].startswith("measured fp32 matmul peak, ")
-    assert "(run start, " in result["mfu_peak"] and "machine quiet" in result["mfu_peak"]
+    assert "(a run, " in result["mfu_peak"] and "machine quiet" in result["mfu_peak"]
     records = [r for k, r in read_cache().items() if "|fp32|" in k and r.get("version") == 2
                and not r.get("busy")]
     assert records and all(r["flops_per_s"] > 1e9 for r in records)

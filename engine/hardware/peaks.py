@@ -59,6 +59,7 @@ class PeakInfo:
     note: str                  # why this peak, or why none
     label: str = ""            # what MFU is relative to, in words: "measured ... at <when>"
     record: dict[str, Any] = field(default_factory=dict)  # a measured peak's record
+    measurable: bool = False   # None now, but a measurement (measure=True) could give one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +98,7 @@ def peak_for(device: DeviceInfo, compute_dtype: str, measure: bool = True) -> Pe
     if record is None:
         return PeakInfo(None, SOURCE_NA, why_not or (
             f"no datasheet peak for {device.name} and no usable measurement yet (run "
-            "`python -m engine check`)"))
+            "`python -m engine check`)"), measurable=not measure)
     return PeakInfo(record["flops_per_s"], SOURCE_MEASURED,
                     _measured_note(device, compute_dtype, support),
                     label=measured_label(compute_dtype, record), record=record)
@@ -206,7 +207,7 @@ def _cached_or_measured(device: DeviceInfo, compute_dtype: str, measure: bool
     if not measure:
         return None, (f"the stored {compute_dtype} peak is not used ({stale}); it is measured "
                       "again at the next run or device check" if stale else None)
-    record = measure_peak(device, compute_dtype, source="run start")
+    record = measure_peak(device, compute_dtype, source="a run")
     problem = unusable_reason(record, device, compute_dtype)
     if problem is not None:
         return None, (f"{compute_dtype} peak not usable: {problem}; MFU is omitted for this "
@@ -306,7 +307,7 @@ def plausible_range(device: DeviceInfo, compute_dtype: str, threads: int | None 
 
 
 def measure_peak(device: DeviceInfo, compute_dtype: str, budget_s: float = MEASURE_BUDGET_S,
-                 source: str = "run start", timing: "MatmulTiming | None" = None
+                 source: str = "a run", timing: "MatmulTiming | None" = None
                  ) -> dict[str, Any]:
     """A peak record: the best timed trial of `measure_matmul` (or `timing`, measured by
     the caller while this function's probe watched) and the load it ran under."""

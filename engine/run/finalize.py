@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import traceback
 
+from engine.schema import plausible_mfu
 from engine.store import Store
 
 
@@ -49,8 +50,14 @@ def one_throughput_figure(stats: dict, summary: dict | None = None) -> dict:
     for key in ("samples_per_s", "tokens_per_s", "step_time_ms", "achieved_tflops"):
         if steady.get(key) is not None:
             figures[key] = steady[key]
-    if steady.get("mfu") is not None and (summary or {}).get("mfu") is not None:
+    summary = summary or {}
+    if steady.get("mfu") is not None and summary.get("mfu") is not None:
         figures["mfu"] = steady["mfu"]
+    elif summary.get("mfu") is not None and steady.get("achieved_tflops"):
+        # The peak was measured after the steps (none stored at the start), so the rows
+        # carry no MFU: the same steady median, against that peak.
+        figures["mfu"] = plausible_mfu(steady["achieved_tflops"] * 1e12,
+                                       summary.get("peak_flops"))
     return figures
 
 

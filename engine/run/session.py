@@ -133,9 +133,9 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     cfg = spec.cfg
     if cfg.is_speedup_check:
         return run_speedup_session(spec, close_metrics)
-    peak = device_peak(spec.sink, spec.run_id, spec.device_key, cfg) if spec.lead else None
-    if peak and spec.parallel is not None and spec.device_key.startswith("cuda"):
-        peak *= spec.parallel.world_size  # one GPU per rank; CPU ranks share one CPU's peak
+    peak, peak_later = (device_peak(spec.sink, spec.run_id, spec.device_key, cfg)
+                        if spec.lead else (None, False))
+    peak = _per_run_peak(peak, spec)
     sampler = TelemetrySampler(spec.telemetry_key or spec.device_key, spec.telemetry).start()
     marker = ContentionMarker(sampler)
     try:
@@ -156,6 +156,11 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     finally:
         sampler.stop()
     close_metrics()
+    # No stored peak at the start: measured now that the steps are done (not after a stop
+    # request: the stop must end within its grace, and MFU waits for the next run).
+    if spec.lead and peak_later and result.status != "stopped":
+        peak = _per_run_peak(device_peak(spec.sink, spec.run_id, spec.device_key, cfg,
+                                         measure=True)[0], spec)
     summary = result_summary(result, peak) if spec.lead else {}
     if spec.lead:
         check_peak_beaten(spec.device_key, cfg, result.achieved_tflops,
@@ -173,6 +178,12 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
             summary["trace_path"] = run_relative_path(spec.run_id, summary["trace_path"])
         spec.sink.merge_summary(spec.run_id, summary)
     return Outcome(STOPPED if result.status == "stopped" else FINISHED, result.reason, summary)
+
+
+def _per_run_peak(peak: float | None, spec: SessionSpec) -> float | None:
+    if peak and spec.parallel is not None and spec.device_key.startswith("cuda"):
+        return peak * spec.parallel.world_size  # one GPU per rank; CPU ranks share one peak
+    return peak
 
 
 class ContentionMarker:
@@ -325,21 +336,30 @@ def result_summary(result, peak_flops: float | None) -> dict[str, Any]:
     return summary
 
 
-def device_peak(sink: SummarySink, run_id: str, device_key: str, cfg: RunConfig) -> float | None:
-    """Dense peak FLOP/s for this run's precision: datasheet, or measured once and cached.
+def device_peak(sink: SummarySink, run_id: str, device_key: str, cfg: RunConfig,
+                measure: bool = False) -> tuple[float | None, bool]:
+    """(dense peak FLOP/s for this run's precision, whether it is still to be measured).
 
-    Measured before telemetry and training start, while the device is ours, so the
-    microbenchmark neither competes with the run nor is disturbed by it.
+    At the run's start only the datasheet or a stored quiet measurement is used: the
+    first steps must not wait 1.5 s for a microbenchmark, and at that moment a launch from
+    the app has the server and the browser redrawing, so a measurement would mostly be
+    refused as busy. Without one, the session measures after training (`measure=True`),
+    while the device is still its own.
     """
     try:
-        peak = peak_for(get_device(device_key), cfg.precision_mode.compute_dtype)
+        peak = peak_for(get_device(device_key), cfg.precision_mode.compute_dtype,
+                        measure=measure)
     except Exception as exc:  # noqa: BLE001 - MFU is optional; the run is not
         sink.merge_summary(run_id, {"mfu_note": f"peak unavailable: {exc}"})
-        return None
+        return None, False
+    note = peak.note
+    if peak.measurable:
+        note = ("the matmul peak of this device is measured when the run's steps are done "
+                "(none stored yet); MFU follows then")
     sink.merge_summary(run_id, {"peak_flops": peak.flops_per_s, "peak_source": peak.source,
-                                "peak_label": peak.label or None, "mfu_note": peak.note,
+                                "peak_label": peak.label or None, "mfu_note": note,
                                 "fp8_advice": fp8_advice(cfg)})
-    return peak.flops_per_s
+    return peak.flops_per_s, peak.measurable
 
 
 def check_peak_beaten(device_key: str, cfg: RunConfig, achieved_tflops: float | None,
