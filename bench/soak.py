@@ -77,6 +77,19 @@ def _wait(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
     return False
 
 
+FINAL_STATUS_WAIT_S = 60.0  # on a quiet machine; scaled by the load per core, at most 5x
+
+
+def _final_status_bound_s() -> float:
+    """How long to wait for a run's final status: longer on a loaded machine (a trainer
+    preempted by a hog takes longer to flush and finalize), never unbounded."""
+    try:
+        load_per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        load_per_core = 1.0
+    return FINAL_STATUS_WAIT_S * min(5.0, max(1.0, load_per_core))
+
+
 def soak(home: Path, runs: int, rng: random.Random) -> dict:
     from engine.config import RunConfig
     from engine.run import standby
@@ -89,6 +102,7 @@ def soak(home: Path, runs: int, rng: random.Random) -> dict:
                     device="cpu", warmup_steps=1)
     killed: dict[str, int] = {victim: 0 for victim in VICTIMS}
     rows_at_final: dict[str, int] = {}
+    not_ended: list[str] = []
     started = time.monotonic()
     for _ in range(runs):
         standby.ensure(store)  # the app keeps one ready
@@ -107,8 +121,14 @@ def soak(home: Path, runs: int, rng: random.Random) -> dict:
             except ProcessLookupError:
                 pass
         # The run ends by itself, or reconcile fails it; then nothing of it may remain.
-        _wait(lambda: (reconcile(store) or True)
-              and store.get_run(run_id).status not in ACTIVE_STATUSES, 60, poll_s=0.3)
+        # Rows are counted only once its final status is recorded (a run still queued or
+        # running has rows to come); the wait grows with the machine's load.
+        ended = _wait(lambda: (reconcile(store) or True)
+                      and store.get_run(run_id).status not in ACTIVE_STATUSES,
+                      _final_status_bound_s(), poll_s=0.3)
+        if not ended:
+            not_ended.append(run_id)
+            continue
         rows_at_final[run_id] = store.metrics_count(run_id)
         for proc in (run.pid, run.train_pid):
             if proc:
@@ -131,8 +151,9 @@ def soak(home: Path, runs: int, rng: random.Random) -> dict:
         frame = store.read_metrics(run_id, max_points=None, columns=["step", "wall_time_s"])
         if len(frame) and not frame["wall_time_s"].is_monotonic_increasing:
             mixed.append(run_id)
-    ok = not leftovers and not active and not late_rows and not mixed
+    ok = not leftovers and not active and not late_rows and not mixed and not not_ended
     return {"benchmark": "soak", "ok": ok, "runs": runs, "killed": killed,
+            "runs_without_final_status": not_ended,
             "orphan_processes": leftovers, "runs_left_active": active,
             "rows_after_final_status": late_rows, "runs_with_two_trainers": mixed,
             "elapsed_s": round(time.monotonic() - started, 1)}

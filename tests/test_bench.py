@@ -146,3 +146,19 @@ def test_speedup_reports_the_aa_check_paired_repeats_and_the_naive_ratio():
     assert len(result["paired"]) == len(result["naive_ratios"]) == result["repeats"] == 1
     assert_finite(result["paired"][0]["speedup"], "paired speedup")
     assert result["competing_load"].startswith("1 process spinning")
+
+
+@pytest.mark.timeout(400)
+def test_speedup_calibration_counts_aa_claims_per_condition():
+    result = run_bench("bench.speedup_calibration", timeout=360)
+    assert result["benchmark"] == "speedup_calibration" and isinstance(result["met"], bool)
+    assert set(result["conditions"]) == {"quiet", "one CPU hog", "bursty load"}
+    for name, condition in result["conditions"].items():
+        assert condition["checks"] == 2, name
+        low, high = condition["claim_rate_ci95"]
+        assert 0.0 <= low <= high <= 1.0, (name, low, high)
+        assert condition["claims"] <= condition["interval_misses"] + condition["checks"]
+    # The hog is the benchmark's own, detached: the guard must see it on a 2-core machine.
+    if (os.cpu_count() or 1) <= 2:
+        assert result["conditions"]["one CPU hog"]["busy_checks"] >= 1
+    assert len(result["paired"]) == 1 and result["paired"][0]["speedup"] > 0

@@ -346,3 +346,121 @@ def test_cli_launch_from_a_run_reuses_its_config_with_overrides(home, capsys, wa
     wait_for(lambda: not store.get_run(new_id).is_active, 120, message="the re-launched run")
     assert cli_main(["launch", "--from-run", "no-such-run"]) == 2
     assert "--from-run 'no-such-run': no such run" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# exports write regular files only
+
+
+def test_exports_refuse_devices_fifos_sockets_and_links_and_say_when_they_replace(lab, tmp_path):
+    import os
+    import socket
+    import stat
+
+    home, store, (run_id, _) = lab
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    target = tmp_path / "real.csv"
+    target.write_text("keep me")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    sock_path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock_path))
+    try:
+        for path, words in ((fifo, "is a FIFO (named pipe)"), (link, "is a symbolic link"),
+                            (sock_path, "is a socket")):
+            for flag in ("--csv", "--parquet", "--html"):
+                out = _cli(home, "export", run_id, flag, str(path))
+                lines = out.stderr.strip().splitlines()
+                assert out.returncode == 2 and len(lines) == 1, (flag, path, out.stderr)
+                assert lines[0].startswith(f"error: {flag} '{path}': {words}"), lines[0]
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # untouched
+        assert link.is_symlink() and target.read_text() == "keep me"
+        assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
+    finally:
+        listener.close()
+    # An empty path is one line too (it used to be a traceback).
+    for flag in ("--csv", "--parquet", "--html"):
+        out = _cli(home, "export", run_id, flag, "")
+        assert out.returncode == 2 and out.stderr.strip() == (
+            f"error: {flag} '': empty path; give a file name, e.g. "
+            f"{'report.html' if flag == '--html' else 'metrics.csv'}"), out.stderr
+    # An existing regular file is replaced, keeps its permissions, and the user is told.
+    os.chmod(target, 0o640)
+    out = _cli(home, "export", run_id, "--csv", str(target), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["replaced"] is True
+    assert f"note: --csv '{target}': replaced the existing file" in out.stderr
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert pd.read_csv(target).shape[0] == 8
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]  # no temp left
+
+
+def test_the_writer_itself_refuses_a_device_node(tmp_path):
+    """Never a real /dev path: a FIFO made here stands for any non-regular target."""
+    import os
+
+    from engine.report.export import ExportTargetError, write_file_atomically
+
+    node = tmp_path / "node"
+    os.mkfifo(node)
+    with pytest.raises(ExportTargetError, match="FIFO"):
+        write_file_atomically(node, b"x")
+    fresh = tmp_path / "fresh.csv"
+    assert write_file_atomically(fresh, b"a,b\n") is False
+    assert write_file_atomically(fresh, b"a,b\n1,2\n") is True
+    assert fresh.read_bytes() == b"a,b\n1,2\n"
+
+
+@pytest.mark.timeout(120)
+def test_mlflow_export_to_a_server_that_never_answers_fails_within_its_timeout(lab):
+    """A loopback server that accepts connections and never answers (and a closed port):
+    the export ends within its bound with one line naming the URI and the timeout."""
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("mlflow")
+    home, _store, (run_id, _) = lab
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    held, stop = [], threading.Event()
+
+    def accept_and_sleep() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # never answered
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_sleep, daemon=True)
+    thread.start()
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        for extra, bound_s in ((["--mlflow-timeout-s", "2"], 2.0), ([], 10.0)):
+            started = time.monotonic()
+            out = _cli(home, "export", run_id, "--mlflow", uri, *extra)
+            took_s = time.monotonic() - started
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1, out.stderr
+            assert lines[0].startswith(f"error: --mlflow '{uri}': {uri} did not answer within "
+                                       f"{bound_s:g} s"), lines[0]
+            assert took_s < bound_s + 15, took_s  # the bound plus the CLI's start-up
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        listener.close()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    started = time.monotonic()
+    out = _cli(home, "export", run_id, "--mlflow", f"http://127.0.0.1:{closed_port}")
+    assert out.returncode == 2 and "did not answer within 10 s" in out.stderr
+    assert time.monotonic() - started < 20

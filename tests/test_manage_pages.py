@@ -303,3 +303,24 @@ def test_a_running_run_without_progress_is_called_out_on_live_and_in_show(home, 
     assert "has logged no step for" in captured.err and "engine stop" in captured.err
     store.write_metrics(run_id, [{"step": 2, "loss": 1.0, "wall_time_s": 299.0}])
     assert no_progress_s(store, store.get_run(run_id)) is None
+
+
+def test_runs_grid_download_carries_no_formula_from_user_text(lab):
+    """Streamlit's own "Download as CSV" of the Runs grid writes the cells as shown: a
+    note, tag or reason a spreadsheet would run as a formula is shown (and saved) quoted."""
+    import io
+
+    store, (alpha, _bf16) = lab
+    store.set_note(alpha, "=1+2")
+    store.set_tags(alpha, {"team": "@SUM(A1)"})
+    try:
+        table = _table(_page("pages/runs.py"))
+        row = table[table["run_id"] == alpha].iloc[0]
+        assert row["note"] == "'=1+2" and row["tags"] == "team=@SUM(A1)"  # starts with "t"
+        saved = io.StringIO()
+        table.to_csv(saved, index=False)  # what the grid's download writes
+        cells = [cell for line in saved.getvalue().splitlines() for cell in line.split(",")]
+        assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells), cells
+    finally:
+        store.set_note(alpha, "")
+        store.set_tags(alpha, {})

@@ -18,7 +18,7 @@ from bench._hog import cpu_hog
 from engine.config import RunConfig
 from engine.run import standby
 from engine.run.launcher import launch, reconcile, stop
-from engine.schema import FINAL_STATUSES
+from engine.schema import FINAL_STATUSES, STANDBY_WANTED
 from engine.store import Store
 
 pytestmark = pytest.mark.slow
@@ -41,6 +41,9 @@ def app_store(home, monkeypatch):
     store = Store(home)
     standby.want(store, os.getpid())
     yield store
+    # Not wanted any more first: a supervisor still ending must not start a successor
+    # that would outlive the test.
+    (home / STANDBY_WANTED).unlink(missing_ok=True)
     standby.shutdown(home)
     for proc in _standbys(home):
         proc.kill()
@@ -133,3 +136,23 @@ def test_wanted_ends_with_the_process_that_asked(home):
         owner.kill()
         owner.wait()
     assert not standby.wanted(home)  # a dead server keeps no standby ready
+
+
+@pytest.mark.timeout(120)
+def test_the_apps_standby_ends_when_the_apps_server_ends(home, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(standby.ENABLE_ENV, "1")
+    store = Store(home)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        standby.want(store, server.pid)  # what the app's server does at its start
+        standby.ensure(store)
+        _wait_serving(home, 60)
+    finally:
+        server.kill()
+        server.wait()
+    # It checks its owner every HOME_CHECK_S (5 s): gone well within 15 s.
+    _wait(lambda: standby.ping(home) is None and not _standbys(home), 15,
+          "the standby to exit after its server")

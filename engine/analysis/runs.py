@@ -121,3 +121,26 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "device": run.device_key,
         "archived": run.archived, "reason": run.reason or "",
     }
+
+
+# A cell a spreadsheet would run as a formula when the table is saved as CSV (the grid's
+# own "Download as CSV"): text a user typed (a note "=1+2", a tag, a run name) starts with
+# one of these. OWASP's CSV-injection advice: prefix a single quote, which spreadsheets
+# show as text and never evaluate.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+USER_TEXT_COLUMNS = ("label", "tags", "note", "reason")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """`value` with a leading quote when it is text a spreadsheet would run as a formula."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def grid_row(run: RunRecord) -> dict[str, Any]:
+    """`run_row` for a table that can be downloaded as CSV: user text made formula-safe."""
+    row = run_row(run)
+    for column in USER_TEXT_COLUMNS:
+        row[column] = spreadsheet_safe(row[column])
+    return row

@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from engine.cli.errors import EXIT_OK, UsageError
+from engine.cli.errors import EXIT_OK, UsageError, typed
 from engine.store import RunNotFound, Store, validate_run_id
 
 
@@ -38,6 +39,10 @@ def add_subparsers(sub) -> None:
                        help="log directory for TensorBoard event files (one folder per run)")
     export.add_argument("--experiment", default=None, metavar="NAME",
                         help="MLflow experiment (default precision-lab)")
+    export.add_argument("--mlflow-timeout-s", dest="mlflow_timeout_s", default=None,
+                        type=typed(float, "--mlflow-timeout-s"), metavar="S",
+                        help="an http(s) tracking server must answer within this many "
+                             "seconds, connect and each request (default 10)")
     export.add_argument("--baseline", metavar="RUN_ID", default=None,
                         help="run the ratios are computed against (default: the fp32 run, "
                              "else the first run)")
@@ -51,6 +56,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--baseline {args.baseline!r}: applies to --html reports only")
     if args.experiment is not None and not args.mlflow:
         raise UsageError(f"--experiment {args.experiment!r}: applies to --mlflow only")
+    if args.mlflow_timeout_s is not None and not args.mlflow:
+        raise UsageError(f"--mlflow-timeout-s {args.mlflow_timeout_s:g}: applies to --mlflow only")
+    if args.mlflow_timeout_s is not None and not 0 < args.mlflow_timeout_s <= 3600:
+        raise UsageError(f"--mlflow-timeout-s {args.mlflow_timeout_s:g}: out of range; "
+                         "give 0.1 to 3600 seconds, e.g. 10")
     store = Store()
     runs = []
     for run_id in run_ids:
@@ -59,14 +69,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         except RunNotFound as exc:
             raise UsageError(f"RUN_ID {run_id!r}: no such run; `python -m engine list` "
                              "shows the runs") from exc
-    if args.csv or args.parquet:
+    if args.csv is not None or args.parquet is not None:
         return _export_metrics(store, runs, args)
-    if args.mlflow or args.tensorboard:
+    if args.mlflow is not None or args.tensorboard is not None:
         return _export_elsewhere(store, runs, args)
     return _export_html(store, run_ids, args)
 
 
 def _export_html(store: Store, run_ids: list[str], args: argparse.Namespace) -> int:
+    from engine.report.export import ExportTargetError  # pandas: only the export needs it
     from engine.report.html import export_html  # plotly and pandas: only the export needs them
 
     baseline = _checked_run_id(args.baseline, "--baseline") if args.baseline else None
@@ -74,31 +85,46 @@ def _export_html(store: Store, run_ids: list[str], args: argparse.Namespace) -> 
         raise UsageError(f"--baseline {baseline!r}: not among the exported runs; "
                          f"choose one of {', '.join(run_ids)}")
     path = _checked_output_path(args.html)
+    replacing = path.exists()
     try:
         written = export_html(store, run_ids, path, baseline_id=baseline)
+    except ExportTargetError as exc:  # the target changed kind since the check above
+        raise UsageError(f"--html {args.html!r}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"--html {args.html!r}: cannot write the report "
                          f"({exc.strerror or exc}); choose a writable path") from None
-    info = {"path": str(written), "bytes": written.stat().st_size, "run_ids": run_ids}
+    _say_replaced(replacing, "--html", written)
+    info = {"path": str(written), "bytes": written.stat().st_size, "run_ids": run_ids,
+            "replaced": replacing}
     print(json.dumps(info) if args.json else str(written))
     return EXIT_OK
 
 
-def _export_metrics(store: Store, runs: list, args: argparse.Namespace) -> int:
-    from engine.report.export import write_metrics_file  # pandas/pyarrow: this export only
+def _say_replaced(replaced: bool, flag: str, path: Path) -> None:
+    if replaced:
+        print(f"note: {flag} {str(path)!r}: replaced the existing file", file=sys.stderr)
 
-    flag, target, file_format = (("--csv", args.csv, "csv") if args.csv
+
+def _export_metrics(store: Store, runs: list, args: argparse.Namespace) -> int:
+    # pandas/pyarrow: this export only
+    from engine.report.export import ExportTargetError, write_metrics_file
+
+    flag, target, file_format = (("--csv", args.csv, "csv") if args.csv is not None
                                  else ("--parquet", args.parquet, "parquet"))
     if len(runs) != 1:
         raise UsageError(f"{flag}: one run per file; give one RUN_ID (got {len(runs)})")
     path = _checked_output_path(target, flag)
+    replacing = path.exists()
     try:
         written = write_metrics_file(store, runs[0].id, path, file_format)
+    except ExportTargetError as exc:  # the target changed kind since the check above
+        raise UsageError(f"{flag} {target!r}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"{flag} {target!r}: cannot write ({exc.strerror or exc}); "
                          "choose a writable path") from None
+    _say_replaced(replacing, flag, written)
     info = {"path": str(written), "bytes": written.stat().st_size, "run_ids": [runs[0].id],
-            "rows": store.metrics_count(runs[0].id)}
+            "rows": store.metrics_count(runs[0].id), "replaced": replacing}
     print(json.dumps(info) if args.json else str(written))
     return EXIT_OK
 
@@ -111,14 +137,27 @@ def _export_elsewhere(store: Store, runs: list, args: argparse.Namespace) -> int
                          "export it when it has ended")
     if args.mlflow:
         # mlflow: an optional extra, imported only for this export
-        from engine.report.mlflow_export import DEFAULT_EXPERIMENT, export_to_mlflow, mlflow_problem
+        from engine.report.mlflow_export import (
+            DEFAULT_EXPERIMENT,
+            DEFAULT_TIMEOUT_S,
+            TrackingServerUnreachable,
+            check_tracking_server,
+            export_to_mlflow,
+            mlflow_problem,
+        )
 
         if mlflow_problem():
             raise UsageError(f"--mlflow: {mlflow_problem()}")
         _check_tracking_uri(args.mlflow)
+        timeout_s = args.mlflow_timeout_s or DEFAULT_TIMEOUT_S
+        try:
+            check_tracking_server(args.mlflow, timeout_s)
+        except TrackingServerUnreachable as exc:
+            raise UsageError(f"--mlflow {args.mlflow!r}: {exc}") from None
         try:
             exported = {run.id: export_to_mlflow(store, run.id, args.mlflow,
-                                                 args.experiment or DEFAULT_EXPERIMENT)
+                                                 args.experiment or DEFAULT_EXPERIMENT,
+                                                 timeout_s=timeout_s)
                         for run in runs}
         except Exception as exc:  # noqa: BLE001 - MLflow's own errors, as one line
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -178,7 +217,16 @@ def _checked_run_id(run_id: str, field: str) -> str:
 
 def _checked_output_path(text: str, flag: str = "--html") -> Path:
     """Fail before any work when the file could not be written there."""
+    # the export writer's rule, one import: only the export needs it
+    from engine.report.export import target_problem
+
+    if not text.strip():
+        example = "report.html" if flag == "--html" else "metrics.csv"
+        raise UsageError(f"{flag} {text!r}: empty path; give a file name, e.g. {example}")
     path = Path(text).expanduser()
+    problem = target_problem(path)
+    if problem is not None and not path.is_dir():
+        raise UsageError(f"{flag} {text!r}: {problem}; choose another path")
     if path.is_dir():
         raise UsageError(f"{flag} {text!r}: is a directory; give a file name, e.g. "
                          f"{os.path.join(text, 'report.html' if flag == '--html' else 'metrics.csv')}")

@@ -6,9 +6,11 @@ step, in step order; the header carries the unit of every column whose name does
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -49,12 +51,77 @@ def metrics_parquet(store: Store, run_id: str) -> bytes:
     return buffer.getvalue()
 
 
+class ExportTargetError(ValueError):
+    """The export target is not a place a regular file may be written (device, FIFO,
+    socket, symbolic link, folder): refused before anything is written."""
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a directory"))
+
+
+def target_problem(path: str | os.PathLike) -> str | None:
+    """Why an export must not write `path` (None: a new or an existing regular file).
+
+    An export renames its temporary file over the target, which replaces whatever is
+    there: run as root, `--csv /dev/null` would replace the machine's /dev/null. A symbolic
+    link is refused too (the rename would replace the link, not write where it points)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link; give the real file's path"
+    for is_kind, words in _KINDS:
+        if is_kind(info.st_mode):
+            return f"is {words}; exports write regular files only"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file; exports write regular files only"
+    return None
+
+
+def write_file_atomically(path: str | os.PathLike, data: bytes) -> bool:
+    """Write `data` to `path` so a reader never sees half a file: a temporary file beside
+    it with the target's final permissions (an existing file's own, else the umask's),
+    fsync, rename, fsync of the folder. Returns True when an existing file was replaced.
+    Raises ExportTargetError for a target that is not a regular file."""
+    path = Path(path)
+    problem = target_problem(path)
+    if problem is not None:
+        raise ExportTargetError(f"{path}: {problem}")
+    existed = path.exists()
+    if existed:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)  # O_CREAT's mode is masked by the umask; an existing file's is not
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):  # the rename itself survives a crash
+        folder = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return existed
+
+
 def write_metrics_file(store: Store, run_id: str, path: str | os.PathLike,
                        file_format: str) -> Path:
-    """Write `csv` or `parquet` to `path` (atomically: a reader never sees half a file)."""
+    """Write `csv` or `parquet` to `path` (`write_file_atomically`: regular files only)."""
     data = metrics_csv(store, run_id) if file_format == "csv" else metrics_parquet(store, run_id)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return path
+    write_file_atomically(path, data)
+    return Path(path)

@@ -36,19 +36,18 @@ from engine.analysis.compare import (
 from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import stored_verdict
 from engine.analysis.traces import share_text
+from engine.report.export import write_file_atomically
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
 from engine.store import RunRecord, Store
 
 
 def export_html(store: Store, run_ids: Iterable[str], path: str | os.PathLike,
                 baseline_id: str | None = None) -> Path:
-    """Write the report to `path` (atomically) and return the path."""
-    path = Path(path)
+    """Write the report to `path` (engine.report.export.write_file_atomically: regular
+    files only) and return the path."""
     text = build_html(store, run_ids, baseline_id)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    write_file_atomically(path, text.encode("utf-8"))
+    return Path(path)
 
 
 def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = None) -> str:

@@ -34,6 +34,10 @@ from engine.schema import (
 from engine.store import RunRecord, Store
 
 DEFAULT_EXPERIMENT = "precision-lab"
+# A tracking server that accepts and never answers must fail the export within a bound,
+# not hang it (MLflow's own defaults: 120 s per request, 7 retries with backoff: minutes).
+DEFAULT_TIMEOUT_S = 10.0  # connect and each request; `export --mlflow-timeout-s` changes it
+HTTP_RETRIES = 1
 BATCH = 1000  # MLflow's log_batch limit on metrics per call (params: 100)
 PARAM_BATCH = 100
 SUMMARY_METRICS = ("samples_per_s", "tokens_per_s", "step_time_ms", "peak_mem_bytes",
@@ -56,12 +60,49 @@ def mlflow_problem() -> str | None:
     return None
 
 
+class TrackingServerUnreachable(RuntimeError):
+    """The http(s) tracking server did not answer within the timeout."""
+
+
+def check_tracking_server(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """For an http(s) URI: the server answers its health endpoint within `timeout_s`
+    (connect and response), else TrackingServerUnreachable naming the URI and the bound.
+    Other URIs (file:, databases) are not network calls of this kind: nothing to do."""
+    import urllib.error
+    import urllib.request
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    url = tracking_uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
+            response.read(64)
+    except urllib.error.HTTPError:
+        return  # it answered (an older server without /health): MLflow's calls decide
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingServerUnreachable(
+            f"{tracking_uri} did not answer within {timeout_s:g} s ({reason}); check the "
+            "server, or raise the bound with --mlflow-timeout-s") from None
+
+
+def _bound_http_calls(timeout_s: float) -> None:
+    """MLflow's HTTP client reads its timeout and retries from the environment."""
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(math.ceil(timeout_s))))
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(HTTP_RETRIES)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+
+
 def export_to_mlflow(store: Store, run_id: str, tracking_uri: str,
-                     experiment: str = DEFAULT_EXPERIMENT) -> str:
-    """Export one run; the MLflow run id. The run must have ended."""
+                     experiment: str = DEFAULT_EXPERIMENT,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """Export one run; the MLflow run id. The run must have ended. An http(s) server
+    must answer within `timeout_s` (connect and each request, one retry)."""
     problem = mlflow_problem()
     if problem:
         raise MlflowMissing(problem)
+    check_tracking_server(tracking_uri, timeout_s)
+    _bound_http_calls(timeout_s)
     if tracking_uri.startswith("file:"):
         # MLflow 3 keeps its file store in maintenance mode and refuses it unless asked;
         # a file: URI given here is that request (no server, no database needed).

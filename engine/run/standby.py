@@ -338,10 +338,16 @@ def serve(home: Path) -> int:
             (Path(home) / STANDBY_STARTING).unlink()
     print(f"[standby {os.getpid()}] ready for {home}", flush=True)
     idle_deadline = time.monotonic() + IDLE_EXIT_S
+    # Kept for the app: it ends with the app's server (a stopped server must not leave
+    # ~300 MB waiting for 30 minutes). A standby started from the terminal has no owner.
+    for_the_app = wanted(home)
     while not stop["requested"] and time.monotonic() < idle_deadline:
         ready, _, _ = select.select([listener], [], [], HOME_CHECK_S)
         if not Path(home).is_dir():
             print(f"[standby {os.getpid()}] {home} is gone; exiting", flush=True)
+            return 0
+        if for_the_app and not wanted(home):
+            print(f"[standby {os.getpid()}] the app's server has ended; exiting", flush=True)
             return 0
         if not ready:
             continue

@@ -124,7 +124,25 @@ class LoaderSource(BatchSource):
         # DataLoader keeps its own reference to a persistent_workers iterator.
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+            _end_workers(getattr(iterator, "_workers", []))
         self.loader._iterator = None
+
+
+WORKER_EXIT_WAIT_S = 2.0
+
+
+def _end_workers(workers: list) -> None:
+    """DataLoader's shutdown terminates a worker that did not exit in time but does not
+    wait for it: on a loaded machine one was still running seconds after its run had
+    ended. Wait for each, and kill what a terminate did not end."""
+    for worker in workers:
+        try:
+            worker.join(timeout=WORKER_EXIT_WAIT_S)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=WORKER_EXIT_WAIT_S)
+        except (AssertionError, ValueError, OSError):  # not started here, or already closed
+            continue
 
 
 def _copied(source: BatchSource, batch: Any, non_blocking: bool) -> tuple[Any, Any]:
