@@ -40,6 +40,7 @@ NO_DIFFERENCE = "no difference"
 INCONCLUSIVE = "inconclusive"
 BASELINE = "baseline"
 CLAIMS = (FASTER, SLOWER)
+BUSY_REASON = "the machine was busy during the check"
 
 
 EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here, normal above
@@ -166,10 +167,10 @@ def mode_verdict(row: Mapping[str, Any], baseline: str,
         return BASELINE, ""
     if row.get("speedup") is None:
         return INCONCLUSIVE, "not measured"
+    if contention and contention.get("busy"):  # first: the more important fact
+        return INCONCLUSIVE, BUSY_REASON
     if row.get("ci_low") is None or row.get("ci_high") is None:
         return INCONCLUSIVE, f"too few rounds for an interval (needs {MIN_ROUNDS})"
-    if contention and contention.get("busy"):
-        return INCONCLUSIVE, "the machine was busy during the check"
     if excludes_one(row):
         return (FASTER if row["speedup"] >= 1.0 else SLOWER), ""
     return NO_DIFFERENCE, ""
@@ -188,11 +189,13 @@ def speedup_words(entry: Mapping[str, Any], baseline: str, verdict: str | None =
         return "baseline"
     if speedup is None:
         return "not measured"
-    if low is None or high is None:
+    has_interval = low is not None and high is not None
+    span = f"{low:.2f}-{high:.2f}x" if has_interval else ""
+    if verdict == INCONCLUSIVE and reason == BUSY_REASON:  # no figure to quote, not even 1.00x
+        return (f"inconclusive: {reason}, so no difference vs {baseline} is stated"
+                + (f" ({span})" if has_interval else ""))
+    if not has_interval:
         return f"inconclusive: {speedup:.2f}x vs {baseline}, {reason or 'too few rounds'}"
-    span = f"{low:.2f}-{high:.2f}x"
-    if verdict == INCONCLUSIVE:
-        return f"inconclusive: {reason}, so no difference vs {baseline} is stated ({span})"
     if verdict == NO_DIFFERENCE:
         return f"no measurable difference vs {baseline} ({span})"
     interval = f"95 % CI {span}"

@@ -110,6 +110,10 @@ class LoaderSource(BatchSource):
         try:
             batch = next(self._iterator)
         except StopIteration:  # an epoch is over: the next one (workers restart unless persistent)
+            if not self.loader.persistent_workers:
+                # The finished epoch's workers end now, waited for: left to the garbage
+                # collector they were terminated without a wait and outlived the run.
+                _shut_down(self._iterator)
             self._iterator = iter(self.loader)
             batch = next(self._iterator)
         self.wait_s += time.perf_counter() - start
@@ -122,10 +126,14 @@ class LoaderSource(BatchSource):
         iterator, self._iterator = self._iterator, None
         # Shut the workers down now rather than whenever the iterator is collected; the
         # DataLoader keeps its own reference to a persistent_workers iterator.
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-            _end_workers(getattr(iterator, "_workers", []))
+        _shut_down(iterator)
         self.loader._iterator = None
+
+
+def _shut_down(iterator) -> None:
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        _end_workers(getattr(iterator, "_workers", []))
 
 
 WORKER_EXIT_WAIT_S = 2.0
