@@ -357,8 +357,9 @@ st.subheader("Speedup check")
 st.caption("What a precision buys on this machine, with its uncertainty: the modes run "
            "interleaved in one process (short blocks in turn, same weights and batches), so "
            "load that comes and goes hits them alike. Each speedup comes with a 95 % "
-           "interval; a difference is claimed only when the interval excludes 1.0. Uses the "
-           "model, size, batch and device above.")
+           "interval; a difference is claimed only when the interval excludes 1.0 on a quiet "
+           "machine (busy: inconclusive). The A/A check runs the baseline against itself "
+           "to check the method here. Uses the model, size, batch and device above.")
 runnable_modes = [m for m in choices(Precision) if support[m].status != UNSUPPORTED]
 check_left, check_right = st.columns(2)
 with check_left:
