@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from test_standby_lifecycle import _standby_processes as _standbys
 
 from bench._hog import cpu_hog
 from engine.config import RunConfig
@@ -23,16 +24,6 @@ from engine.store import Store
 
 pytestmark = pytest.mark.slow
 SERVING_WITHIN_S = 10.0
-
-
-def _standbys(home) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if ("engine.run.standby" in cmdline and str(home) in cmdline
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):
-            found.append(proc)
-    return found
 
 
 @pytest.fixture

@@ -307,13 +307,10 @@ def plausible_range(device: DeviceInfo, compute_dtype: str, threads: int | None 
 
 
 def measure_peak(device: DeviceInfo, compute_dtype: str, budget_s: float = MEASURE_BUDGET_S,
-                 source: str = "a run", timing: "MatmulTiming | None" = None
-                 ) -> dict[str, Any]:
-    """A peak record: the best timed trial of `measure_matmul` (or `timing`, measured by
-    the caller while this function's probe watched) and the load it ran under."""
+                 source: str = "a run") -> dict[str, Any]:
+    """A peak record: the best timed trial of `measure_matmul` and the load it ran under."""
     probe = ContentionProbe()
-    if timing is None:
-        timing = measure_matmul(device.key, compute_dtype, budget_s=budget_s)
+    timing = measure_matmul(device.key, compute_dtype, budget_s=budget_s)
     return _record(timing, probe.sample(), probe.cores, device, source)
 
 
