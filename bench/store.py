@@ -290,12 +290,8 @@ def read_phase(home: Path, run_ids: list[str], repeats: int,
                with_summary_table: bool) -> dict[str, Any]:
     import pandas as pd
 
-    from engine.analysis.compare import (
-        METRICS_FOR_CHARTS,
-        chart_points_per_run,
-        metrics_frames,
-        summary_table,
-    )
+    from engine.analysis.compare import summary_table
+    from engine.analysis.steady import METRICS_FOR_CHARTS, chart_points_per_run, metrics_frames
     from engine.schema import METRIC_COLUMNS
     from engine.store import Store
 

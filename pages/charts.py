@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.analysis.compare import ema
+from engine.analysis.steady import ema
 from engine.analysis.live import steady_median
 from engine.report.figures import PLOT_TEMPLATE, line_mode
 from engine.schema import PROFILE

@@ -1,7 +1,7 @@
 """GPU check: is each precision as fast as this hardware should be, and did the matrix
 work run on Tensor Cores? On a machine without a GPU it is the CPU check, and says so.
 
-The check runs in a child process (engine.hardware.check.run_check_subprocess): the server keeps
+The check runs in a child process (engine.diagnostics.check.run_check_subprocess): the server keeps
 no CUDA context or test buffers, and the page only draws the result.
 """
 
@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.hardware.check import CheckFailed, run_check_subprocess
+from engine.diagnostics.check import CheckFailed, run_check_subprocess
 from pages.ui import cached_devices, ensure_app_shell, fmt_bytes, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -25,7 +25,7 @@ RESULTS_KEY = "check_results"  # {device_key: result dict}
 
 @st.cache_resource(show_spinner=False)
 def gpu_absence_reason() -> str | None:
-    from engine.hardware.check import no_gpu_reason
+    from engine.diagnostics.check import no_gpu_reason
 
     return no_gpu_reason()
 

@@ -11,17 +11,14 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.compare import (
-    chart_points_per_run,
     config_diff,
     default_baseline,
     default_selection,
     display_names,
-    findings,
-    metrics_frames,
-    mfu_text,
-    steady_medians,
     summary_table,
 )
+from engine.analysis.findings import findings, mfu_text
+from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
 from engine.analysis.traces import share_text, short_kernel_name

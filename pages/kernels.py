@@ -22,7 +22,8 @@ from engine.analysis.explain import (
     speedup_text,
     window_note,
 )
-from engine.analysis.traces import load_trace, share_text, short_kernel_name
+from engine.analysis.trace_parser import load_trace
+from engine.analysis.traces import share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, show_caveat, status_badge

@@ -255,7 +255,7 @@ elif chosen.status != "native":
 else:
     st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen.reason)}")
 if precision == Precision.FP8.value:
-    from engine.hardware.peaks import fp8_advice  # the model's GEMM shapes import torch
+    from engine.training.fp8_advice import fp8_advice  # the model's GEMM shapes import torch
 
     try:
         advice = fp8_advice(RunConfig(model=model, size=size, precision=precision,

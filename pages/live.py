@@ -11,12 +11,12 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine.analysis.compare import mfu_text, peak_words
+from engine.analysis.findings import mfu_text, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
 from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
 from engine.analysis.traces import share_text
-from engine.cluster.ray_runs import is_ray_run
+from engine.run.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.batch_search import (
     DEFAULT_MAX_PROBES,

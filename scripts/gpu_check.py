@@ -89,7 +89,8 @@ def run_config(model: str, mode: str, device_key: str, steps: int, quick: bool,
 
 
 def one_run(cfg: RunConfig, device, out_dir: Path) -> dict[str, Any]:
-    from engine.hardware.peaks import fp8_advice, peak_for
+    from engine.hardware.peaks import peak_for
+    from engine.training.fp8_advice import fp8_advice
     from engine.training.loop import train
 
     peak = peak_for(device, cfg.precision_mode.compute_dtype)
@@ -244,9 +245,9 @@ def runs_section(rows: list[dict[str, Any]], notes: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     deadline_s = time.monotonic() + args.max_minutes * 60
-    from engine.hardware.check import run_check
+    from engine.diagnostics.check import run_check
     from engine.hardware.devices import UNSUPPORTED, get_device, resolve_device_key
-    from engine.hardware.doctor import doctor_report
+    from engine.diagnostics.doctor import doctor_report
 
     start_s = time.perf_counter()
     key = resolve_device_key(args.device)

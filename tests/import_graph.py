@@ -131,3 +131,41 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 path.append(child)
                 stack.append((child, iter(sorted(graph.get(child, ())))))
     return None
+
+
+# The engine's wings, lowest first (docs/architecture.md, "Wings"). A module may import
+# its own wing and the wings below it, never one above: the order the test enforces.
+WING_ORDER = ("base", "store", "hardware", "analysis", "report", "admission", "training",
+              "diagnostics", "run", "presets", "cluster", "cli", "entry")
+# Top-level modules with no wing of their own: the shared names every wing reads.
+BASE_MODULES = frozenset({"engine", "engine.config", "engine.schema", "engine.proc",
+                          "engine.architectures", "engine.workloads"})
+
+
+def wing_of(module: str) -> str:
+    """engine.run.worker -> "run"; engine.config -> "base"; engine.__main__ -> "entry"."""
+    if module in BASE_MODULES:
+        return "base"
+    if module == "engine.__main__":
+        return "entry"
+    return module.split(".")[1]
+
+
+def back_imports(root: Path = REPO_ROOT) -> list[str]:
+    """Every import that runs up the wing order (function-level imports included), as
+    "engine.hardware.check:28 (module level) imports engine.analysis.kernels (hardware -> analysis)".
+    A wing not in WING_ORDER is itself an offence: the order must name every wing."""
+    modules = engine_modules(root)
+    rank = {wing: index for index, wing in enumerate(WING_ORDER)}
+    offences = []
+    for name, path in modules.items():
+        for imp in imports_of(path, modules, root):
+            source_wing, target_wing = wing_of(imp.source), wing_of(imp.target)
+            unknown = [w for w in (source_wing, target_wing) if w not in rank]
+            if unknown:
+                offences.append(f"{imp.source}:{imp.line}: wing {unknown[0]!r} is not in WING_ORDER")
+            elif rank[target_wing] > rank[source_wing]:
+                where = f"in {imp.function}()" if imp.function else "module level"
+                offences.append(f"{imp.source}:{imp.line} ({where}) imports {imp.target} "
+                                f"({source_wing} -> {target_wing})")
+    return offences

@@ -19,7 +19,8 @@ import pytest
 from engine.analysis.accounting import PARTS, cpu_op_part, part_shares, time_accounting
 from engine.analysis.bound import bound_by
 from engine.analysis.explain import analyze
-from engine.analysis.traces import load_trace, share_text
+from engine.analysis.trace_parser import load_trace
+from engine.analysis.traces import share_text
 
 TRACES = Path(__file__).parent / "data" / "traces"
 

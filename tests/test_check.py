@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.config import Precision
-from engine.hardware.check import (
+from engine.diagnostics.check import (
     NOT_SUPPORTED,
     OK,
     SLOW,

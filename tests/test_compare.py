@@ -10,17 +10,9 @@ import pandas as pd
 import pytest
 from _real_runs import record_run, speed_word, tiny_config, write_rows
 
-from engine.analysis.compare import (
-    BASIS_NON_WARMUP,
-    BASIS_STEADY,
-    config_diff,
-    default_selection,
-    display_names,
-    ema,
-    findings,
-    steady_stats,
-    summary_table,
-)
+from engine.analysis.compare import config_diff, default_selection, display_names, summary_table
+from engine.analysis.findings import findings
+from engine.analysis.steady import BASIS_NON_WARMUP, BASIS_STEADY, ema, steady_stats
 from engine.config import RunConfig
 from engine.store import RunNotFound
 
@@ -231,7 +223,7 @@ def _drop_metric_rows(store, run_id: str) -> None:
 
 
 def test_finished_runs_compare_from_stored_stats_without_reading_rows(store):
-    from engine.analysis.compare import COMPARE_STATS_KEY
+    from engine.analysis.steady import COMPARE_STATS_KEY
     from engine.run.finalize import finalize_run_data
 
     base = write_rows(store, tiny_config("fp32"), _long_rows(100.0, 1.0))

@@ -14,7 +14,8 @@ import torch
 from _real_runs import record_run, speed_word, tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.compare import findings, summary_table
+from engine.analysis.compare import summary_table
+from engine.analysis.findings import findings
 from engine.schema import NUMERICS_FILENAME
 from engine.store import Store
 from engine.training.numerics import NumericsProbe

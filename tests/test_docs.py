@@ -72,7 +72,7 @@ def test_every_engine_path_and_module_the_architecture_doc_names_exists():
 def test_every_entry_point_in_the_architecture_doc_is_runnable():
     commands = set(re.findall(r"python -m (engine(?:\.\w+)*)", ARCHITECTURE))
     assert {"engine", "engine.run.worker", "engine.run.standby", "engine.run.torchrun",
-            "engine.hardware.check", "engine.cluster.ray_driver"} <= commands
+            "engine.diagnostics.check", "engine.cluster.ray_driver"} <= commands
     for module in commands:
         path = MODULES[module]
         if path.name == "__init__.py":

@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from import_graph import REPO_ROOT, engine_modules, find_cycle, import_graph, imports_of
+from import_graph import (
+    REPO_ROOT,
+    WING_ORDER,
+    back_imports,
+    engine_modules,
+    find_cycle,
+    import_graph,
+    imports_of,
+)
 
 ENGINE_FILES = sorted((REPO_ROOT / "engine").rglob("*.py"))
 PAGE_FILES = sorted((REPO_ROOT / "pages").glob("*.py"))
@@ -106,8 +114,46 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path
     assert find_cycle(graph) == ["engine.a.one", "engine.a.two", "engine.a.one"]
 
 
+def _plant_engine(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in {"engine/__init__.py": "", **files}.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_wing_check_names_a_planted_back_import(tmp_path):
+    """hardware below analysis: a function-level import of analysis from hardware is named
+    with its line, its function and the two wings; the downward one passes."""
+    root = _plant_engine(tmp_path, {
+        "engine/hardware/__init__.py": "",
+        "engine/hardware/gauge.py": "def read():\n    from engine.analysis import rules  # why\n",
+        "engine/analysis/__init__.py": "",
+        "engine/analysis/rules.py": "from engine.hardware import gauge\n",
+    })
+    assert back_imports(root) == [
+        "engine.hardware.gauge:2 (in read()) imports engine.analysis.rules (hardware -> analysis)"]
+
+
+def test_the_wing_check_refuses_a_wing_the_order_does_not_name(tmp_path):
+    root = _plant_engine(tmp_path, {"engine/extras/__init__.py": "",
+                                    "engine/extras/tool.py": "from engine import config\n",
+                                    "engine/config.py": ""})
+    assert back_imports(root) == ["engine.extras.tool:1: wing 'extras' is not in WING_ORDER"]
+
+
 # ---------------------------------------------------------------------------------------
 # the rules
+
+
+def test_every_import_runs_down_the_wing_order():
+    assert back_imports() == [], "move the code to the wing below its users, or the import up"
+
+
+def test_the_documented_wing_order_is_the_enforced_one():
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    documented = text.split("Wing order (lowest first): ", 1)[1].split("\n", 1)[0]
+    assert [w.strip(" `.") for w in documented.split("<")] == list(WING_ORDER)
 
 
 def test_no_import_cycle_among_engine_modules():

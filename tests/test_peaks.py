@@ -13,18 +13,16 @@ from engine.config import Precision, RunConfig, choices, compute_dtype_for
 from engine.hardware.devices import EMULATED, DeviceInfo, cpu_device, mode_support
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
 from engine.hardware.peaks import (
-    FP8_MIN_GEMM_DIM,
     SOURCE_MEASURED,
     SOURCE_NA,
     cache_path,
-    fp8_advice,
-    linear_gemm_shapes,
     measure_matmul,
     next_matrix_side,
     peak_for,
     plausible_range,
     read_cache,
 )
+from engine.training.fp8_advice import FP8_MIN_GEMM_DIM, fp8_advice, linear_gemm_shapes
 
 # Names exactly as NVML / torch.cuda.get_device_name report them.
 KNOWN_NAMES = {
@@ -325,7 +323,7 @@ def test_a_run_that_beats_its_peak_marks_it_for_measuring_again(home):
 
 @pytest.mark.timeout(120)
 def test_the_device_check_replaces_a_poisoned_peak(home):
-    from engine.hardware.check import run_check
+    from engine.diagnostics.check import run_check
     from engine.hardware.peaks import cache_key
 
     cpu = cpu_device()

@@ -13,7 +13,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from bench._hog import cpu_hog
-from engine.analysis.compare import findings, summary_table
+from engine.analysis.compare import summary_table
+from engine.analysis.findings import findings
 from engine.report.html import build_html
 from engine.schema import FINAL_STATUSES
 from engine.store import Store

@@ -22,16 +22,13 @@ from engine.analysis.traces import (
     CAUSE_FP32_PRE_AMPERE,
     CAUSE_NO_HARDWARE,
     CAUSE_SMALL_SHAPES,
-    TABLE_COLUMNS,
     UNATTRIBUTED_OP,
     analyze_trace,
     breakdown,
     kernel_groups,
     kernel_summary_rows,
-    load_kernel_table,
-    trace_device,
-    trace_metadata,
 )
+from engine.analysis.trace_parser import TABLE_COLUMNS, load_kernel_table, trace_device, trace_metadata
 
 TRACES = Path(__file__).parent / "data" / "traces"
 TRACE_FILES = sorted(p.name for p in TRACES.glob("*.json.gz"))
@@ -548,7 +545,7 @@ def test_malformed_trace_documents_are_refused_in_words(tmp_path, content, words
 
 
 def test_the_trace_limit_is_configurable(tmp_path, monkeypatch):
-    from engine.analysis.traces import TraceTooLarge
+    from engine.analysis.trace_parser import TraceTooLarge
 
     bomb = _bomb(tmp_path / "small.json.gz", 3)
     monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_MIB", "2")

@@ -1,9 +1,6 @@
-"""Comparing runs: steady-state statistics, the summary table against a baseline, the
-config diff, plain-language findings and the default selection. Pure: no streamlit.
-
-Every ratio comes from steady-state steps only (phase == "steady"): warm-up steps
-include allocator growth and autotuning, profiler-window steps are slowed by the
-profiler, and either would make a ratio lie.
+"""Comparing runs: the summary table against a baseline (ratios, the unpaired throughput
+interval, loss tolerance), display names, the config diff and the default selection.
+The per-run statistics are engine.analysis.steady; the sentences engine.analysis.findings.
 """
 
 from __future__ import annotations
@@ -15,224 +12,25 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from engine.analysis.numerics import numerics_findings
 from engine.analysis.speedup import CONFIDENCE
-from engine.analysis.traces import share_text
+from engine.analysis.steady import (
+    LOSS_TAIL_ROWS,
+    full_frame,
+    paired_loss_noise_pct,
+    paired_noise,
+    run_stats,
+    tail_series,
+)
 from engine.config import Precision, RunConfig
-from engine.schema import FINISHED, STEADY, WARMUP, throughput_column, throughput_unit
+from engine.schema import FINISHED, throughput_column, throughput_unit
 from engine.store import RunNotFound, RunRecord, Store
 
-BASIS_STEADY = "steady"
-BASIS_NON_WARMUP = "non-warmup"  # fallback when a run has no steady rows (flagged)
-BASIS_NONE = "none"
-
-# Below these differences the findings say "about the same": a busy machine moves step
-# times by a few per cent from run to run, and a process's peak RSS by a little.
-SPEED_TOLERANCE = 0.05  # |throughput_x - 1| <= 5 %
-MEMORY_TOLERANCE_PCT = 2.0
 # The smallest relative loss difference ever called real. Above it, a difference must
-# also exceed the runs' own step-to-step loss noise (see `loss_stats`).
+# also exceed the runs' own step-to-step loss noise (see `steady.loss_stats`).
 LOSS_NOISE_FLOOR_PCT = 0.1
-LOSS_TAIL_ROWS = 20  # logged steps at the end of a run used to estimate loss noise
 LOSS_NOISE_SIGMAS = 2.0  # a loss difference is called real beyond 2 standard deviations
 # Fields that decide which batches a run sees: equal -> the runs' losses pair step by step.
 DATA_STREAM_FIELDS = ("model", "size", "seed", "batch_size", "seq_len", "image_size")
-
-METRICS_FOR_COMPARE = ("step", "wall_time_s", "loss", "step_time_ms", "samples_per_s",
-                       "tokens_per_s", "mem_peak_bytes", "rss_bytes", "mem_allocated_bytes",
-                       "skipped_steps", "loss_scale", "mfu", "achieved_tflops", "phase")
-# Config fields that change the work a step does: when they differ, throughput and
-# memory ratios compare different workloads, and the findings say so first.
-# nprocs multiplies the global batch; sharding and comm_hook are choices to compare.
-WORKLOAD_FIELDS = ("model", "size", "batch_size", "seq_len", "image_size", "device",
-                   "channels_last", "compile", "nprocs")
-TRAINING_FIELDS = ("steps", "lr", "optimizer", "weight_decay", "seed", "warmup_steps")
-
-
-# ---------------------------------------------------------------------------------------
-# per-run statistics
-
-
-def steady_stats(frame: pd.DataFrame) -> dict[str, Any]:
-    """Median step time and throughputs over the steady-state rows of one run.
-
-    Falls back to every non-warm-up row (profiler window included) when the run has no
-    steady rows, e.g. a run stopped early; `basis` and `fallback` say which was used.
-    """
-    rows, basis = _steady_rows(frame)
-    stats: dict[str, Any] = {"basis": basis, "fallback": basis != BASIS_STEADY,
-                             "rows": int(len(rows))}
-    for column in ("step_time_ms", "samples_per_s", "tokens_per_s", "mfu", "achieved_tflops"):
-        values = (pd.to_numeric(rows[column], errors="coerce").dropna()
-                  if column in rows else pd.Series(dtype=float))
-        stats[column] = float(values.median()) if len(values) else None
-    return stats
-
-
-def _steady_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    if frame.empty or "phase" not in frame:
-        return frame.iloc[0:0], BASIS_NONE
-    steady = frame[frame["phase"] == STEADY]
-    if len(steady):
-        return steady, BASIS_STEADY
-    rest = frame[frame["phase"] != WARMUP]
-    return rest, (BASIS_NON_WARMUP if len(rest) else BASIS_NONE)
-
-
-def loss_stats(frame: pd.DataFrame, tail_rows: int = LOSS_TAIL_ROWS) -> dict[str, Any]:
-    """Final logged loss and the step-to-step noise of the loss near the end.
-
-    noise_pct estimates how far one logged value strays from its neighbours: the
-    standard deviation of successive differences over the last `tail_rows` rows,
-    divided by sqrt(2) (differences remove the slow downward trend), relative to the
-    mean there. None with fewer than 3 finite values.
-    """
-    losses = _finite_losses(frame)
-    final = float(losses.iloc[-1]) if len(losses) else None
-    tail = losses.iloc[-tail_rows:]
-    noise_pct = None
-    if len(tail) >= 3 and tail.mean() != 0:
-        noise = float(tail.diff().dropna().std(ddof=1)) / math.sqrt(2)
-        noise_pct = 100.0 * noise / abs(float(tail.mean()))
-    return {"final_loss": final, "loss_noise_pct": noise_pct}
-
-
-def paired_loss_noise_pct(frame: pd.DataFrame, base_frame: pd.DataFrame,
-                          tail_rows: int = LOSS_TAIL_ROWS) -> float | None:
-    """Spread of the relative loss difference to the baseline, step by step, near the end.
-
-    For runs that see the same batches (same model, seed and batch shape) the batch-to-
-    batch noise is common to both and cancels in the difference; what is left is how
-    much the difference itself wanders. None with fewer than 3 shared steps.
-    """
-    return _paired_noise(_losses_by_step(frame), _losses_by_step(base_frame), tail_rows)
-
-
-def _losses_by_step(frame: pd.DataFrame) -> pd.Series:
-    losses = _finite_losses(frame)
-    return losses.set_axis(frame.loc[losses.index, "step"]) if len(losses) else losses
-
-
-def _paired_noise(run: pd.Series, base: pd.Series, tail_rows: int = LOSS_TAIL_ROWS) -> float | None:
-    shared = run.index.intersection(base.index)[-tail_rows:]
-    if len(shared) < 3:
-        return None
-    relative = 100.0 * (run[shared] - base[shared]) / base[shared].abs()
-    relative = relative[np.isfinite(relative.to_numpy(dtype=float))]
-    return float(relative.std(ddof=1)) if len(relative) >= 3 else None
-
-
-def _finite_losses(frame: pd.DataFrame) -> pd.Series:
-    if "loss" not in frame:
-        return pd.Series(dtype=float)
-    losses = pd.to_numeric(frame["loss"], errors="coerce").astype(float)
-    return losses[np.isfinite(losses.to_numpy(dtype=float))]
-
-
-# What summary_table needs from a run's metric rows, small and JSON-safe. A finished
-# run stores it in its summary at run end (engine.run.finalize), so comparing 20 long runs
-# reads 20 summaries instead of millions of metric rows.
-COMPARE_STATS_KEY = "compare_stats"
-COMPARE_STATS_VERSION = 2  # 2: steady step-time sample for the throughput interval
-STEP_SAMPLE_SIZE = 400  # steady step times kept per run (evenly spaced) for the interval
-
-
-def frame_stats(frame: pd.DataFrame) -> dict[str, Any]:
-    """Steady-state medians, final loss and noise, memory and skip maxima, loss tail."""
-    tail = _losses_by_step(frame).iloc[-LOSS_TAIL_ROWS:]
-    return {
-        "version": COMPARE_STATS_VERSION,
-        "steady": steady_stats(frame),
-        "loss": loss_stats(frame),
-        "mem_peak_max_bytes": _column_max(frame, "mem_peak_bytes"),
-        "skipped_steps_max": _column_max(frame, "skipped_steps"),
-        "loss_tail": [[int(step), float(loss)] for step, loss in tail.items()],
-        "steady_step_ms": _steady_step_sample(frame),
-    }
-
-
-def _steady_step_sample(frame: pd.DataFrame) -> list[float]:
-    """Up to STEP_SAMPLE_SIZE steady step times (ms), evenly spaced over the run."""
-    rows, basis = _steady_rows(frame)
-    if basis == BASIS_NONE or "step_time_ms" not in rows:
-        return []
-    values = pd.to_numeric(rows["step_time_ms"], errors="coerce").dropna().to_numpy(dtype=float)
-    if len(values) > STEP_SAMPLE_SIZE:
-        values = values[np.linspace(0, len(values) - 1, STEP_SAMPLE_SIZE).astype(int)]
-    return [float(v) for v in values]
-
-
-def run_stats(store: Store, run: RunRecord) -> dict[str, Any]:
-    """The stored stats of a finished run, else computed from every metric row."""
-    stored = run.summary.get(COMPARE_STATS_KEY)
-    if (not run.is_active and isinstance(stored, dict)
-            and stored.get("version") == COMPARE_STATS_VERSION):
-        return stored
-    return frame_stats(_full_frame(store, run.id))
-
-
-def _full_frame(store: Store, run_id: str) -> pd.DataFrame:
-    return store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
-
-
-def _column_max(frame: pd.DataFrame, column: str) -> float | None:
-    if column not in frame:
-        return None
-    values = pd.to_numeric(frame[column], errors="coerce").dropna()
-    return float(values.max()) if len(values) else None
-
-
-def _tail_series(stats: Mapping[str, Any]) -> pd.Series:
-    tail = stats.get("loss_tail") or []
-    return pd.Series([loss for _step, loss in tail], index=[step for step, _loss in tail],
-                     dtype=float)
-
-
-def ema(series: Iterable[float] | pd.Series, alpha: float) -> pd.Series:
-    """Exponential moving average with smoothing weight `alpha` in [0, 1).
-
-    0 returns the values unchanged; 0.9 averages over roughly the last 10 points.
-    Bias-corrected at the start (the first point is not pulled toward 0), and NaN
-    positions stay NaN so gaps remain visible.
-    """
-    values = pd.Series(series, dtype=float).reset_index(drop=True)
-    if not 0.0 <= alpha < 1.0:
-        raise ValueError(f"alpha={alpha!r}: a smoothing weight in [0, 1), e.g. 0.6; 0 is off")
-    if alpha == 0.0 or values.empty:
-        return values.copy()
-    smoothed = values.ewm(alpha=1.0 - alpha, adjust=True, ignore_na=True).mean()
-    smoothed[values.isna()] = float("nan")
-    return smoothed
-
-
-# Points drawn per chart, split among the runs: 20 overlaid lines of 2000 points each
-# show nothing 20 x 400 do not (a chart is ~1000 px wide), and cost 5x the render.
-CHART_POINTS_BUDGET = 8000
-CHART_POINTS_PER_RUN = (400, 2000)  # (fewest, most)
-
-
-def chart_points_per_run(run_count: int) -> int:
-    fewest, most = CHART_POINTS_PER_RUN
-    return max(fewest, min(most, CHART_POINTS_BUDGET // max(1, run_count)))
-
-
-def steady_medians(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """run id -> the summary table's steady-state samples/s and tokens/s (for charts)."""
-    return {row["run_id"]: {"samples_per_s": row["samples_per_s"],
-                            "tokens_per_s": row["tokens_per_s"]}
-            for row in table.to_dict("records")}
-
-
-# What the overlay charts draw (half of METRICS_FOR_COMPARE: half the read).
-METRICS_FOR_CHARTS = ("step", "wall_time_s", "loss", "samples_per_s", "tokens_per_s",
-                      "mem_peak_bytes", "phase")
-
-
-def metrics_frames(store: Store, run_ids: Iterable[str],
-                   max_points: int | None = 2000) -> dict[str, pd.DataFrame]:
-    """Per run: the metric columns the comparison charts need (downsampled for plots)."""
-    return {run_id: store.read_metrics(run_id, max_points=max_points,
-                                       columns=METRICS_FOR_CHARTS) for run_id in run_ids}
 
 
 # ---------------------------------------------------------------------------------------
@@ -445,10 +243,10 @@ def _paired_noise_of(run: RunRecord, base_run: RunRecord,
                      stats: Mapping[str, Mapping[str, Any]], store: Store) -> float | None:
     """Paired noise from the stored loss tails when both end on the same steps (then the
     tails are exactly the last shared steps), else from every row of both runs."""
-    run_tail, base_tail = _tail_series(stats[run.id]), _tail_series(stats[base_run.id])
+    run_tail, base_tail = tail_series(stats[run.id]), tail_series(stats[base_run.id])
     if len(run_tail) == LOSS_TAIL_ROWS and run_tail.index.equals(base_tail.index):
-        return _paired_noise(run_tail, base_tail)
-    return paired_loss_noise_pct(_full_frame(store, run.id), _full_frame(store, base_run.id))
+        return paired_noise(run_tail, base_tail)
+    return paired_loss_noise_pct(full_frame(store, run.id), full_frame(store, base_run.id))
 
 
 def _peak_mem(summary: dict[str, Any], run_stats: Mapping[str, Any]) -> int | None:
@@ -505,243 +303,6 @@ def _as_text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
-
-
-# ---------------------------------------------------------------------------------------
-# findings
-
-
-def findings(table: pd.DataFrame, runs: Mapping[str, RunRecord] | Iterable[RunRecord],
-             run_dir=None) -> list[str]:
-    """Plain-language statements, each backed by a number in `table`.
-
-    Nothing is claimed that the table does not show: slower runs are called slower,
-    Tensor Cores are mentioned only where a kernel breakdown measured them, and a loss
-    difference is called real only beyond the runs' own step-to-step noise.
-    """
-    if table.empty:
-        return []
-    runs = dict(runs) if isinstance(runs, Mapping) else {r.id: r for r in runs}
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in table.to_dict("records")]
-    base = next((r for r in rows if r["is_baseline"]), rows[0])
-    underflow = numerics_findings([runs[r["run_id"]] for r in rows if r["run_id"] in runs],
-                                  run_dir) if run_dir is not None else []
-    if underflow and all(runs[r["run_id"]].config.numerics for r in rows if r["run_id"] in runs):
-        # The numerics demo: its point is underflow with and without the loss scale. Its
-        # runs do the same matmuls at sampled, deliberately slowed steps: no speed claims.
-        return underflow + ["Speed is not compared here: these runs sample gradient "
-                            "numerics, and their point is underflow. For what a precision "
-                            "buys in speed, run a Speedup check (Launch page)."]
-    statements = _comparability_notes(rows, runs)
-    statements.append(_baseline_sentence(base, runs.get(base["run_id"])))
-    for row in rows:
-        if row["run_id"] != base["run_id"]:
-            statements.append(_run_sentence(row, base, runs.get(row["run_id"])))
-    statements += _closing_notes(rows, runs) + underflow
-    return [s for s in statements if s]
-
-
-def _comparability_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecord]) -> list[str]:
-    configs = {r["run_id"]: runs[r["run_id"]].config for r in rows if r["run_id"] in runs}
-    if len(configs) < 2:
-        return []
-    diff = config_diff(configs)
-    notes = []
-    differing = [f for f in WORKLOAD_FIELDS if f in set(diff["field"])]
-    if differing:
-        detail = ", ".join(f"{f} ({', '.join(dict.fromkeys(diff.loc[diff['field'] == f].iloc[0, 1:]))})"
-                           for f in differing)
-        notes.append(f"Caution: the runs differ in {detail}, so throughput and memory "
-                     "compare different work, not only precisions.")
-    training = [f for f in TRAINING_FIELDS if f in set(diff["field"])]
-    if training:
-        notes.append(f"The runs differ in {', '.join(training)}: their final losses compare "
-                     "different training, not only precisions.")
-    return notes
-
-
-def _baseline_sentence(base: dict[str, Any], run: RunRecord | None) -> str:
-    parts = []
-    if base["throughput_per_s"] is not None:
-        parts.append(f"{base['throughput_per_s']:,.1f} {base['throughput_unit']}")
-    if base["step_time_ms"] is not None:
-        parts.append(f"{base['step_time_ms']:,.1f} ms per step")
-    if base["peak_mem_bytes"] is not None:
-        parts.append(f"peak memory {_fmt_bytes(base['peak_mem_bytes'])}")
-    if base["final_loss"] is not None:
-        parts.append(f"final loss {base['final_loss']:.4g}")
-    if base["skipped_steps"]:
-        parts.append(_skipped_text(base))
-    text = f"Baseline {base['name']}: " + (", ".join(parts) if parts else "no steady-state numbers")
-    return text + _status_suffix(base) + _basis_suffix(base) + "."
-
-
-def _run_sentence(row: dict[str, Any], base: dict[str, Any], run: RunRecord | None) -> str:
-    parts = [_speed_text(row, base), _memory_text(row, base), _loss_text(row, base)]
-    if row["skipped_steps"]:
-        parts.append(_skipped_text(row))
-    if row["max_batch_fit"] and base["max_batch_fit"]:
-        parts.append(f"largest batch that fitted {row['max_batch_fit']} "
-                     f"(vs {base['max_batch_fit']})")
-    if row["tensor_core_share"] is not None:  # only where a kernel breakdown measured it
-        parts.append(f"{share_text(row['tensor_core_share'])} of GPU kernel time on Tensor Cores")
-    if row["mfu"] is not None:
-        parts.append(f"MFU {mfu_text(row['mfu'])}")
-    text = f"{row['name']}: " + ", ".join(p for p in parts if p)
-    text += _status_suffix(row) + _basis_suffix(row) + "."
-    return text + _why_slower(row, run)
-
-
-def peak_words(summary: Mapping[str, Any]) -> str:
-    """What a run's MFU is relative to, in words every surface shows: the datasheet row or
-    the measured peak with when and under what load (engine.hardware.peaks)."""
-    label = summary.get("peak_label")
-    if label:
-        return label
-    source = summary.get("peak_source")
-    return f"{source} peak for this precision" if source else "peak: not known"
-
-
-def mfu_text(mfu: float) -> str:
-    """MFU as every surface writes it: "42.0 %"; a small one keeps two digits ("0.34 %")."""
-    return f"{mfu * 100:.1f} %" if mfu >= 0.01 else f"{mfu * 100:.2g} %"
-
-
-def _speed_text(row: dict[str, Any], base: dict[str, Any]) -> str:
-    """A speedup is stated only when its interval excludes 1.0 and neither run was
-    measured on a busy machine; otherwise the sentence says why it is not."""
-    x = row["throughput_x"]
-    if x is None:
-        return "no steady-state throughput to compare"
-    busy = next((r for r in (row, base) if r.get("busy")), None)
-    if busy is not None:
-        return (f"throughput {x:.2f}x {base['name']}'s, not a speedup figure: "
-                f"{busy['name']} was {busy['contention_words']}")
-    low, high = row.get("throughput_x_low"), row.get("throughput_x_high")
-    if low is None or high is None:
-        return (f"throughput {x:.2f}x {base['name']}'s (too few steady steps for an "
-                "interval: no speedup is stated)")
-    interval = f"95 % interval {low:.2f}-{high:.2f}x"
-    if not row.get("throughput_significant"):
-        return f"no measurable difference in speed from {base['name']} ({low:.2f}-{high:.2f}x)"
-    if x > 1.0:
-        return f"{_fmt_x(x)} faster than {base['name']} ({interval})"
-    return f"{_fmt_x(1.0 / x)} slower than {base['name']} ({x:.2f}x its throughput; {interval})"
-
-
-def _memory_text(row: dict[str, Any], base: dict[str, Any]) -> str:
-    saved = row["mem_saved_pct"]
-    if saved is None:
-        return ""
-    if abs(saved) < MEMORY_TOLERANCE_PCT:
-        return f"about the same peak memory ({_fmt_pct(-saved, signed=True)} %)"
-    if saved > 0:
-        return f"{saved:.0f} % less memory"
-    return f"{-saved:.0f} % more memory"
-
-
-def _loss_text(row: dict[str, Any], base: dict[str, Any]) -> str:
-    diff = row["final_loss_diff_pct"]
-    if diff is None:
-        return "no final loss to compare"
-    tolerance = row["loss_tolerance_pct"] or LOSS_NOISE_FLOOR_PCT
-    if tolerance <= LOSS_NOISE_FLOOR_PCT:
-        noise = f"±{_fmt_pct(tolerance)} % minimum tolerance; the measured noise is smaller"
-    else:
-        noise = f"±{_fmt_pct(tolerance)} % {_NOISE_WORDS.get(row['loss_noise_basis'], 'tolerance')}"
-    if abs(diff) <= tolerance:
-        return f"final loss within noise ({_fmt_pct(diff, signed=True)} %; {noise})"
-    direction = "higher (worse)" if diff > 0 else "lower (better)"
-    return (f"final loss {_fmt_pct(abs(diff))} % {direction} than {base['name']}, beyond the "
-            f"{noise}")
-
-
-_NOISE_WORDS = {"paired": "paired step-to-step noise, 2 sigma",
-                "step-to-step": "step-to-step noise, 2 sigma"}
-
-
-def _fmt_pct(value: float, signed: bool = False) -> str:
-    """Two significant digits (0.0038, 0.31, 4.2, 12), optionally with a sign."""
-    text = f"{abs(value):.2g}" if abs(value) < 10 else f"{abs(value):.0f}"
-    if "e" in text:
-        text = f"{abs(value):.1e}"
-    sign = ("+" if value >= 0 else "-") if signed else ("-" if value < 0 else "")
-    return sign + text
-
-
-def _skipped_text(row: dict[str, Any]) -> str:
-    count = row["skipped_steps"]
-    text = f"skipped {count} step{'s' if count != 1 else ''} to overflow (inf/NaN gradients)"
-    if row["loss_scale_final"] is not None:
-        text += f"; final loss scale {row['loss_scale_final']:g}"
-    return text
-
-
-def _status_suffix(row: dict[str, Any]) -> str:
-    if row["status"] == FINISHED:
-        return ""
-    reason = f": {row['reason']}" if row.get("reason") else ""
-    return f" (run {row['status']}{reason})"
-
-
-def _basis_suffix(row: dict[str, Any]) -> str:
-    if row["steady_basis"] == BASIS_NON_WARMUP:
-        return " (timing from non-warm-up steps: the run recorded no steady-state steps)"
-    return ""
-
-
-def _why_slower(row: dict[str, Any], run: RunRecord | None) -> str:
-    """Explain a slowdown only with recorded evidence (the CPU's oneDNN verdict)."""
-    x = row["throughput_x"]
-    if x is None or x > 1.0 - SPEED_TOLERANCE or run is None:
-        return ""
-    evidence = run.summary.get("cpu_evidence") or {}
-    verdict, headline = evidence.get("verdict"), evidence.get("headline")
-    if not headline:
-        # "cpu@10.0.0.5": a sweep run a Ray cluster placed on that node's CPU
-        on_cpu = run.device_key.split("@")[0] == "cpu"
-        if on_cpu and run.config.precision != Precision.FP32.value:
-            return (" No CPU evidence was recorded for this run (it was not profiled), so the "
-                    "cause is not shown here.")
-        return ""
-    if verdict and "emulated" in verdict:
-        return f" Why, from the CPU evidence of its profiler window: {headline}."
-    return f" CPU evidence for this run: {headline}."
-
-
-def _closing_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecord]) -> list[str]:
-    notes = []
-    timed = [r for r in rows if r["throughput_x"] is not None]
-    trusted = [r for r in timed if not r.get("busy")]  # a busy run ranks nothing
-    if len(timed) >= 3 and len(trusted) < len(timed):
-        notes.append("No fastest run is named: some of these runs were measured while the "
-                     "machine was busy.")
-    elif len(timed) >= 3:
-        fastest = max(timed, key=lambda r: r["throughput_x"])
-        notes.append(f"Fastest: {fastest['name']}" + (
-            " (the baseline)." if fastest["is_baseline"]
-            else f" ({fastest['throughput_x']:.2f}x the baseline's throughput)."))
-    if any(r["device"] == "cpu" for r in rows):
-        notes.append("Memory of CPU runs is the peak resident set size of the whole training "
-                     "process (PyTorch itself included), so precision changes move it less "
-                     "than they move the tensors.")
-    if rows and all(r["tensor_core_share"] is None for r in rows) and any(
-            r["device"].startswith("cuda") for r in rows):
-        notes.append("Tensor-Core use is unknown for these runs (no kernel breakdown recorded).")
-    return notes
-
-
-def _fmt_x(x: float) -> str:
-    return f"{x:.0f}x" if x >= 10 else f"{x:.1f}x" if x >= 1.995 else f"{x:.2f}x"
-
-
-def _fmt_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:,.0f} B" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} GiB"
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,14 +22,8 @@ from engine.analysis.accounting import (
 )
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
-from engine.analysis.traces import (
-    ParsedTrace,
-    breakdown,
-    kernel_groups,
-    load_trace,
-    share_text,
-    short_kernel_name,
-)
+from engine.analysis.trace_parser import ParsedTrace, load_trace
+from engine.analysis.traces import breakdown, kernel_groups, share_text, short_kernel_name
 from engine.schema import TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"

@@ -15,7 +15,7 @@ from typing import Any
 from engine.cli.errors import EXIT_OK, UsageError
 from engine.config import ConfigError
 from engine.hardware.devices import resolve_device_key
-from engine.hardware.doctor import doctor_report
+from engine.diagnostics.doctor import doctor_report
 
 VERDICT_MARKS = {"ok": "OK  ", "slow": "SLOW", "not supported": "--  ", "skipped": "skip"}
 
@@ -129,7 +129,7 @@ def _pct(ratio) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.hardware.check import run_check  # imports torch when it runs: check only
+    from engine.diagnostics.check import run_check  # imports torch when it runs: check only
 
     try:
         key = resolve_device_key(args.device)

@@ -13,11 +13,11 @@ import socket
 from dataclasses import dataclass
 
 from engine.config import ConfigError
+from engine.run.ray_runs import DEFAULT_STOP_GRACE_S
 
 RAY_ADDRESS_ENV = "PRECISION_LAB_RAY_ADDRESS"
 MAX_GPUS_PER_RUN = 8
 MAX_CPUS_PER_RUN = 64
-DEFAULT_STOP_GRACE_S = 5.0  # ray: cooperative stop first, ray.cancel(force=True) after this
 # ray.init retries for many minutes against a port that is not a Ray head; fail sooner.
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 RAY_PROBE_TIMEOUT_S = 2.0

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
-from engine.cluster.ray_runs import request_ray_stops, wait_ray_runs_ended
+from engine.run.ray_runs import request_ray_stops, wait_ray_runs_ended
 from engine.config import (
     MAX_BATCH_SIZE,
     ConfigError,
@@ -331,7 +331,8 @@ def _ratio_note(run: RunRecord | None, base: RunRecord | None, ratio: float) -> 
     """What a throughput ratio may claim: "busy" when either run was measured on a busy
     machine, its 95 % interval ("[1.18-1.29]") when that excludes 1.0, else "n.s."."""
     # the interval uses numpy (the Sweep page and CLI only): not at module level
-    from engine.analysis.compare import COMPARE_STATS_KEY, unpaired_ratio_interval
+    from engine.analysis.compare import unpaired_ratio_interval
+    from engine.analysis.steady import COMPARE_STATS_KEY  # the same: steady imports pandas
 
     if _finite(ratio) is None or run is None or base is None:
         return ""

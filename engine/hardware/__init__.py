@@ -1,3 +1,3 @@
 """The machine: devices and what each precision mode means on them, the one NVML wrapper,
-the GPU catalogue, telemetry, peak FLOP/s, the device check and doctor. No torch at
-module level."""
+the GPU catalogue, telemetry, host contention, the CPU matrix units, peak FLOP/s and the
+torch dtype map with the TF32 switches. No torch at module level."""

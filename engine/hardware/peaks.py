@@ -29,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelName, Precision, RunConfig
+from engine.config import Precision
 from engine.hardware.contention import ContentionProbe, sample_causes, sample_is_busy
 from engine.hardware.cpu_units import NATIVE, cpu_matrix_unit, vector_isa
+from engine.hardware.dtypes import restore_tf32_flags, set_tf32, tf32_flags, torch_dtype
 from engine.hardware.devices import EMULATED, UNSUPPORTED, DeviceInfo, mode_support
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
 from engine.proc import make_private
@@ -381,8 +382,6 @@ def matmul_operands(device_key: str, compute_dtype: str, n: int):
             return torch._scaled_mm(x, y, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
         return fp8_mm, a, b
-    from engine.training.precision import torch_dtype  # imports torch: a benchmark needs it
-
     dtype = torch_dtype(compute_dtype)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -402,37 +401,13 @@ class tf32_mode:
 
     def __enter__(self):
         if self.active:
-            # imports torch: only a benchmark switches TF32
-            from engine.training.precision import set_tf32
-
-            self._saved = _tf32_flags()
+            self._saved = tf32_flags()
             set_tf32(self.enabled)
         return self
 
     def __exit__(self, *_exc):
         if self.active and self._saved is not None:
-            _restore_tf32_flags(self._saved)
-
-
-def _tf32_flags() -> tuple:
-    import torch
-
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):
-        return ("precision", matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    return ("allow", matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-
-
-def _restore_tf32_flags(saved: tuple) -> None:
-    import torch
-
-    kind, matmul_value, conv_value = saved
-    if kind == "precision":
-        torch.backends.cuda.matmul.fp32_precision = matmul_value
-        torch.backends.cudnn.conv.fp32_precision = conv_value
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = matmul_value
-        torch.backends.cudnn.allow_tf32 = conv_value
+            restore_tf32_flags(self._saved)
 
 
 def _sync(device_key: str) -> None:
@@ -522,67 +497,10 @@ def _repeat_best(fn, a, b, device_key: str, n: int, start_s: float,
         calls *= grow
 
 
-# ---------------------------------------------------------------------------------------
-# fp8 advice
-
-FP8_MIN_GEMM_DIM = 2048  # torchao's float8 benchmarks: below ~2048-4096 per dim fp8 loses
-
-
-def linear_gemm_shapes(cfg: RunConfig) -> list[tuple[str, int, int, int]]:
-    """(layer, M, K, N) of the forward GEMMs of the model's nn.Linear layers: the only
-    layers torchao converts to fp8 (convolutions stay in bf16)."""
-    # imports torch: only the fp8 advice needs the model's shapes
-    from engine.training.models import model_spec
-
-    spec = model_spec(cfg)
-    if cfg.model == ModelName.GPT.value:
-        tokens, d = cfg.batch_size * cfg.seq_len, spec.d_model
-        return [("attn.qkv", tokens, d, 3 * d), ("attn.proj", tokens, d, d),
-                ("mlp.fc", tokens, d, 4 * d), ("mlp.proj", tokens, 4 * d, d),
-                ("lm_head", tokens, d, spec.vocab_size)]
-    if cfg.model == ModelName.MLP.value:
-        shapes, width_in = [], spec.input_dim
-        for index in range(spec.depth - 1):
-            shapes.append((f"net.{2 * index}", cfg.batch_size, width_in, spec.hidden_dim))
-            width_in = spec.hidden_dim
-        shapes.append(("head", cfg.batch_size, width_in, spec.num_classes))
-        return shapes
-    return [("head", cfg.batch_size, spec.widths[-1], spec.num_classes)]
-
-
-def fp8_advice(cfg: RunConfig) -> str | None:
-    """A sentence for the user when fp8 will not pay for this model; None when it may
-    (or when the run is not fp8)."""
-    if cfg.precision != Precision.FP8.value:
-        return None
-    if cfg.model not in (ModelName.MLP.value, ModelName.RESNET.value, ModelName.GPT.value):
-        return None  # known architectures, custom workloads: no layer-shape model here
-    compile_hint = ("" if cfg.compile else " Also turn on compile: torchao's fp8 casts are "
-                    "only fast when torch.compile fuses them.")
-    if cfg.model == ModelName.RESNET.value:
-        return ("fp8 will not speed up this ResNet: torchao converts only nn.Linear layers, and "
-                "its matrix work is in convolutions, which stay in bf16. Use bf16-amp."
-                + compile_hint)
-    shapes = [s for s in linear_gemm_shapes(cfg) if s[2] % 16 == 0 and s[3] % 16 == 0]
-    if not shapes:
-        return "No layer of this model has fp8-eligible shapes (multiples of 16); use bf16-amp."
-    flops = {name: 2.0 * m * k * n for name, m, k, n in shapes}
-    big = sum(flops[name] for name, m, k, n in shapes if min(m, k, n) >= FP8_MIN_GEMM_DIM)
-    if big >= 0.5 * sum(flops.values()):
-        return None if cfg.compile else compile_hint.strip()
-    name, m, k, n = max(shapes, key=lambda s: flops[s[0]])
-    return (f"fp8 is likely slower than bf16 here: the largest GEMM ({name}) is "
-            f"M={m} x K={k} x N={n}, and torchao's benchmarks show fp8 only pays when M, K "
-            f"and N are all above about {FP8_MIN_GEMM_DIM}-4096 (the per-tensor scaling "
-            f"costs more than the faster matmul saves on small GEMMs). Use bf16-amp, or a "
-            f"bigger model (size=medium) and more tokens per step (batch_size x seq_len)."
-            + compile_hint)
-
-
 __all__ = [
     "PeakInfo", "peak_for", "measured_label",
     "COMPUTE_DTYPES", "measure_matmul", "MatmulTiming", "matmul_operands",
-    "next_matrix_side", "cache_path", "read_cache", "fp8_advice", "linear_gemm_shapes",
+    "next_matrix_side", "cache_path", "read_cache",
     "tf32_mode", "measure_peak", "record_check", "note_achieved", "unusable_reason",
     "plausible_range", "cpu_clock_ghz", "MIN_TRIAL_S", "cache_key",
 ]

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from engine.analysis.compare import ema
+from engine.analysis.steady import ema
 from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 
 X_STEP, X_WALL = "step", "wall_time_s"

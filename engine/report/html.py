@@ -22,17 +22,9 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.analysis.compare import (
-    chart_points_per_run,
-    config_diff,
-    display_names,
-    findings,
-    metrics_frames,
-    mfu_text,
-    peak_words,
-    steady_medians,
-    summary_table,
-)
+from engine.analysis.compare import config_diff, display_names, summary_table
+from engine.analysis.findings import findings, mfu_text, peak_words
+from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import stored_verdict
 from engine.analysis.traces import share_text

@@ -24,7 +24,7 @@ def finalize_run_data(store: Store, run_id: str) -> None:
         traceback.print_exc()
     try:
         # pandas and the statistics: kept out of the supervisor, which imports this module
-        from engine.analysis.compare import COMPARE_STATS_KEY, METRICS_FOR_COMPARE, frame_stats
+        from engine.analysis.steady import COMPARE_STATS_KEY, METRICS_FOR_COMPARE, frame_stats
 
         frame = store.read_metrics(run_id, max_points=None, columns=METRICS_FOR_COMPARE)
         stats = frame_stats(frame)

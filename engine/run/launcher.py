@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from engine.admission import check_runnable
-from engine.cluster.ray_runs import driver_gone_reason, is_ray_run, stop_ray_run
+from engine.run.ray_runs import driver_gone_reason, is_ray_run, stop_ray_run
 from engine.config import RunConfig
 from engine.proc import (
     PROJECT_ROOT,
@@ -93,7 +93,7 @@ def stop(run_id: str, store: Store | None = None, grace_s: float = STOP_GRACE_S)
         return run
     # Ray sweep runs: their pid is the sweep's driver, which must not be signalled: the stop
     # is requested through the store; the driver stops the Ray task, then force-cancels it
-    # after a grace (engine/cluster/ray_runs.py).
+    # after a grace (engine/run/ray_runs.py).
     if is_ray_run(store, run_id):
         return stop_ray_run(run_id, store)
     if is_alive(run.pid, run.pid_create_time) or _ranks_alive(store, run):

@@ -27,7 +27,7 @@ from engine.analysis.speedup import apply_verdicts, explain
 from engine.config import COMPUTE_DTYPES, Precision, RunConfig
 from engine.hardware.contention import logical_cores
 from engine.hardware.devices import EMULATED, get_device, mode_support
-from engine.hardware.peaks import fp8_advice, linear_gemm_shapes, note_achieved, peak_for
+from engine.hardware.peaks import note_achieved, peak_for
 from engine.schema import (
     DIVERGED,
     FAILED,
@@ -40,6 +40,7 @@ from engine.schema import (
     plausible_mfu,
 )
 from engine.store import Store
+from engine.training.fp8_advice import fp8_advice, linear_gemm_shapes
 
 if TYPE_CHECKING:  # the type only; the session imports torch when it trains
     from engine.training.parallel import ParallelContext

@@ -82,7 +82,8 @@ BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_lo
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     # pandas: only a GPU trace needs it, so a CPU trainer's start-up never pays for it
-    from engine.analysis.traces import breakdown, kernel_summary_rows, load_kernel_table
+    from engine.analysis.trace_parser import load_kernel_table
+    from engine.analysis.traces import breakdown, kernel_summary_rows  # pandas too
 
     table = load_kernel_table(trace_path)
     if table.empty:

@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.admission import cuda_device_keys, fsdp2_dtypes
 from engine.config import CommHook, RunConfig, Sharding
-from engine.training.precision import torch_dtype
+from engine.hardware.dtypes import torch_dtype
 
 
 @dataclass

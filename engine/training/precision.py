@@ -13,17 +13,7 @@ import torch
 from torch import nn
 
 from engine.config import Precision, RunConfig
-
-# Compute-dtype names (engine.config.COMPUTE_DTYPES' values) -> torch dtypes. tf32 is fp32
-# storage with TF32 matmuls; fp8 is e4m3, the forward format of torchao's recipe.
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-                "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-
-
-def torch_dtype(name: str | None) -> torch.dtype | None:
-    """The torch dtype of a compute-dtype name; None stays None (keep the stored dtype)."""
-    return None if name is None else TORCH_DTYPES[name]
-
+from engine.hardware.dtypes import set_tf32
 
 _AUTOCAST_DTYPE = {
     Precision.FP16_AMP: torch.float16,
@@ -52,22 +42,6 @@ class PrecisionPlan:
         plan's autocast/param dtypes and TF32 switch follow the mode (make_plan), so this
         is the mode's compute dtype (engine.config.COMPUTE_DTYPES)."""
         return self.mode.compute_dtype
-
-
-def set_tf32(enabled: bool) -> None:
-    """Switch TF32 for matmuls and cuDNN convs explicitly; never rely on the defaults.
-
-    PyTorch 2.9 introduced `fp32_precision` ("ieee" | "tf32") and warns when the legacy
-    `allow_tf32` flags are mixed with it, so use the new API when it is there.
-    """
-    value = "tf32" if enabled else "ieee"
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = value
-        torch.backends.cudnn.conv.fp32_precision = value
-    else:  # torch < 2.9
-        matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
 
 
 def make_plan(cfg: RunConfig, device: torch.device) -> PrecisionPlan:

@@ -481,7 +481,7 @@ class CheckFailed(RuntimeError):
 
 def run_check_subprocess(device_key: str, progress: ProgressFn | None = None,
                          time_budget_s: float = 45, timeout_s: float | None = None) -> dict[str, Any]:
-    """run_check in a child `python -m engine.hardware.check`, progress relayed from its stderr.
+    """run_check in a child `python -m engine.diagnostics.check`, progress relayed from its stderr.
 
     For long-lived processes (the Streamlit server): the CUDA context, cuBLAS workspaces
     and 1 GiB test buffers die with the child instead of staying in the server, and a
@@ -489,7 +489,7 @@ def run_check_subprocess(device_key: str, progress: ProgressFn | None = None,
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "engine.hardware.check", "--device", device_key,
+    cmd = [sys.executable, "-m", "engine.diagnostics.check", "--device", device_key,
            "--time-budget", f"{float(time_budget_s):g}"]
     child = subprocess.Popen(cmd, cwd=str(PROJECT_ROOT), env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -532,11 +532,11 @@ def _progress_to_stderr(fraction: float, message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.hardware.check --device KEY [--time-budget S]`: the check in this
+    """`python -m engine.diagnostics.check --device KEY [--time-budget S]`: the check in this
     process, progress on stderr, the result as one JSON line on stdout (for the UI)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m engine.hardware.check")
+    parser = argparse.ArgumentParser(prog="python -m engine.diagnostics.check")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--time-budget", type=float, default=45.0, dest="time_budget_s")
     args = parser.parse_args(argv)

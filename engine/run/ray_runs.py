@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 
-from engine.cluster.ray_env import DEFAULT_STOP_GRACE_S
 from engine.proc import is_alive
 from engine.schema import DRIVER_LOG, QUEUED, STOPPED, SWEEP_RAY
 from engine.store import RunRecord, Store, SweepRecord
+
+# A stop is cooperative first; the driver force-cancels the task (ray.cancel(force=True))
+# after this grace.
+DEFAULT_STOP_GRACE_S = 5.0
 
 STOP_SETTLE_S = 5.0  # after the grace period: the cancel and its record take a moment
 
