@@ -392,7 +392,7 @@ def _record_oom(spec: SessionSpec, exc: BaseException) -> str:
     """The OOM reason, with the memory in use at the failure (also stored, lead only)."""
     import torch  # loaded by now: the session trained
 
-    from engine.training.loop import memory_snapshot  # imports torch
+    from engine.training.step_meter import memory_snapshot  # imports torch
 
     batch_size = spec.cfg.batch_size
     first_line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__

@@ -12,7 +12,6 @@ import contextlib
 import gzip
 import math
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -31,7 +30,6 @@ from engine.schema import (
     STEADY,
     TRACE_FILENAME,
     WARMUP,
-    plausible_mfu,
 )
 from engine.training.input_pipeline import (
     BatchSource,
@@ -44,6 +42,7 @@ from engine.training.models import build_model, model_spec, parameter_count
 from engine.training.numerics import NumericsProbe, default_sample_steps
 from engine.training.onednn import capture_onednn_verbose
 from engine.training.precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
+from engine.training.step_meter import StepMeter, memory_snapshot
 from engine.training.workload import WorkloadError, is_dataset, load_workload, one_line
 from engine.workloads import workload_label
 
@@ -89,27 +88,6 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class _Interval:
-    """Accumulates the steps between two log boundaries."""
-    start_s: float
-    steps: int = 0
-    wait_start_s: float = 0.0   # the batch source's cumulative wait at the start
-    copy_start_s: float | None = None
-
-    @classmethod
-    def starting(cls, source: BatchSource) -> "_Interval":
-        return cls(start_s=time.perf_counter(), wait_start_s=source.wait_s,
-                   copy_start_s=source.copy_s)
-
-    def input_ms(self, source: BatchSource) -> tuple[float, float | None]:
-        """(data wait, host-to-device copy) per step over this interval, in ms."""
-        wait = (source.wait_s - self.wait_start_s) * 1000.0 / max(self.steps, 1)
-        copy = (None if source.copy_s is None or self.copy_start_s is None
-                else (source.copy_s - self.copy_start_s) * 1000.0 / max(self.steps, 1))
-        return wait, copy
 
 
 def phase_of(step: int, cfg: RunConfig) -> str:
@@ -356,42 +334,6 @@ class ProfilerWindow:
         return True
 
 
-def memory_snapshot(device: torch.device) -> dict[str, int | None]:
-    if device.type == "cuda":
-        return {
-            "mem_allocated_bytes": torch.cuda.memory_allocated(device),
-            "mem_reserved_bytes": torch.cuda.memory_reserved(device),
-            "mem_peak_bytes": torch.cuda.max_memory_allocated(device),
-            "rss_bytes": _rss_bytes(),
-        }
-    rss = _rss_bytes()
-    return {"mem_allocated_bytes": None, "mem_reserved_bytes": None,
-            "mem_peak_bytes": _peak_rss_bytes(), "rss_bytes": rss}
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _peak_rss_bytes() -> int | None:
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
-    except (ImportError, OSError):
-        return None
-
-
-try:
-    import os as _os
-
-    _PAGE_SIZE = _os.sysconf("SC_PAGE_SIZE")
-except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-    _PAGE_SIZE = 4096
 
 
 def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]], None],
@@ -450,16 +392,8 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(
             trainer.module)
     profiler = ProfilerWindow(cfg, device, run_dir)
-    scaler = trainer.plan.scaler
-    skipped_total = torch.zeros((), dtype=torch.int64, device=device)
-    first_loss = final_loss = None
-    steady_time_s, steady_steps = 0.0, 0
+    meter = StepMeter(trainer, flops_per_step, peak_flops)
     status, reason, step = "finished", None, 0
-    loss_scale = None
-    run_start_s = time.perf_counter()
-    source = trainer.batches
-    steady_wait_s = steady_copy_s = 0.0
-    interval = _Interval.starting(source)
 
     for step in range(1, cfg.steps + 1):
         if parallel is None and should_stop():
@@ -479,82 +413,52 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         if sampled:
             run_dir.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
             probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it
-        if scaler is not None:
-            skipped_total += (~torch.isfinite(grad_norm)).to(torch.int64)  # device-side count
+        meter.step_done(grad_norm)
         next_phase = phase_of(step + 1, cfg) if step < cfg.steps else None
-        interval.steps += 1
-        wrote_trace = False
         # A phase change is a timing boundary too (one extra sync per phase, not per
         # step), so a steady interval never carries warm-up or profiler time.
         phase_ends = next_phase is not None and next_phase != phase
-        stop_all = False
+        wrote_trace = stop_all = False
         if is_log_step or profiler.prof is not None or phase_ends:
             # Sync point: timing needs the device to have finished the queued work.
-            loss_value = float(loss.item())
-            if parallel is not None and (is_log_step or phase_ends):
-                # The same condition on every rank (the profiler runs on rank 0 only), so
-                # this one collective always meets all ranks: the mean loss, and whether any
-                # rank was asked to stop (they must leave the loop at the same step).
-                loss_value, stop_all = parallel.reduce_log_values(loss_value, should_stop())
-            measured_at_s = time.perf_counter()
-            elapsed_s = measured_at_s - interval.start_s
-            step_time_ms = elapsed_s * 1000.0 / interval.steps
-            wait_ms, copy_ms = interval.input_ms(source)
-            if phase == STEADY:
-                steady_time_s += elapsed_s
-                steady_steps += interval.steps
-                steady_wait_s += wait_ms * interval.steps / 1000.0
-                steady_copy_s += (copy_ms or 0.0) * interval.steps / 1000.0
+            loss_value, stop_all = _synced_loss(loss, parallel, is_log_step or phase_ends,
+                                                should_stop)
+            reading = meter.close_interval(phase)
             wrote_trace = profiler.after_step(step, next_phase)
             if is_log_step:
-                if scaler is not None:
-                    loss_scale = float(scaler.get_scale())
-                row = _metric_row(cfg, trainer, step, phase, loss_value,
-                                  float(grad_norm.item()) if grad_norm is not None else None,
-                                  step_time_ms, time.perf_counter() - run_start_s, device,
-                                  loss_scale, int(skipped_total.item()) if scaler is not None else 0,
-                                  flops_per_step, peak_flops)
-                row.update(data_wait_ms=wait_ms, h2d_copy_ms=copy_ms)
-                emit([row])
-                first_loss = loss_value if first_loss is None else first_loss
-                final_loss = loss_value
-                _check_finite(cfg, step, loss_value, loss_scale)
-            # The next interval starts at the measurement, so logging and flushing count
-            # against throughput like any other cost of the instrumented loop.
-            interval = _Interval.starting(source)
-            interval.start_s = measured_at_s
+                emit([meter.metric_row(step, phase, loss_value, grad_norm, reading,
+                                       lr=lr_at(step, cfg))])
+                _check_finite(cfg, step, loss_value, meter.loss_scale)
+            meter.restart(at_s=reading.measured_at_s)
         if wrote_trace and on_window is not None:
             on_window(profiler, trainer.plan.compute_dtype_name)
-            interval = _Interval.starting(source)  # export time is not a step
+            meter.restart()  # export time is not a step
         if stop_all:
             status, reason = "stopped", f"stopped by request at step {step}"
             break
 
     profiler.close_verbose()  # a run stopped inside the window: stdout back to the log
-    samples_per_s = (steady_steps * trainer.samples_per_step / steady_time_s) if steady_time_s else None
-    mem = memory_snapshot(device)
     return TrainResult(
-        status=status, reason=reason, steps_completed=step, first_loss=first_loss,
-        final_loss=final_loss, samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * trainer.tokens_per_sample
-        if samples_per_s and trainer.tokens_per_sample else None,
-        step_time_ms=steady_time_s * 1000.0 / steady_steps if steady_steps else None,
-        peak_mem_bytes=mem["mem_peak_bytes"],
-        loss_scale_final=loss_scale if scaler is not None else None,
-        skipped_steps=int(skipped_total.item()) if scaler is not None else 0,
+        status=status, reason=reason, steps_completed=step, **meter.steady_figures(),
+        peak_mem_bytes=memory_snapshot(device)["mem_peak_bytes"],
         flops_per_step=flops_per_step,
         flops_method="measured with torch.utils.flop_counter (matmul/conv/attention FLOPs)"
         if flops_per_step else None,
-        achieved_tflops=(flops_per_step * steady_steps / steady_time_s / 1e12)
-        if flops_per_step and steady_time_s else None,
         param_count=trainer.param_count,
         trace_path=str(profiler.trace_path) if profiler.trace_path else None,
-        data_wait_ms=steady_wait_s * 1000.0 / steady_steps if steady_steps else None,
-        h2d_copy_ms=(steady_copy_s * 1000.0 / steady_steps
-                     if steady_steps and source.copy_s is not None else None),
-        data_wait_share=steady_wait_s / steady_time_s if steady_time_s else None,
         extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
                "input_pipeline": _pipeline_of(cfg)})
+
+
+def _synced_loss(loss: torch.Tensor, parallel, reduce: bool, should_stop) -> tuple[float, bool]:
+    """The loss as a number (a host sync) and whether any rank was asked to stop. In a
+    multi-process run the same condition holds on every rank (the profiler runs on rank 0
+    only), so this one collective always meets all ranks: the mean loss, and the stop
+    request (they must leave the loop at the same step)."""
+    loss_value = float(loss.item())
+    if parallel is not None and reduce:
+        return parallel.reduce_log_values(loss_value, should_stop())
+    return loss_value, False
 
 
 def _spec_of(cfg: RunConfig) -> dict[str, Any]:
@@ -571,25 +475,6 @@ def _pipeline_of(cfg: RunConfig) -> dict[str, Any]:
     return {"data": "loader", "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory,
             "persistent_workers": cfg.persistent_workers,
             "prefetch_factor": cfg.prefetch_factor if cfg.num_workers else None}
-
-
-def _metric_row(cfg, trainer, step, phase, loss_value, grad_norm, step_time_ms, wall_time_s,
-                device, loss_scale, skipped_steps, flops_per_step, peak_flops) -> dict[str, Any]:
-    samples_per_s = trainer.samples_per_step * 1000.0 / step_time_ms if step_time_ms > 0 else None
-    achieved_flops = flops_per_step * 1000.0 / step_time_ms if flops_per_step and step_time_ms > 0 else None
-    row = {
-        "step": step, "wall_time_s": wall_time_s, "loss": loss_value, "lr": lr_at(step, cfg),
-        "step_time_ms": step_time_ms, "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * trainer.tokens_per_sample
-        if samples_per_s and trainer.tokens_per_sample else None,
-        "loss_scale": loss_scale, "skipped_steps": skipped_steps, "grad_norm": grad_norm,
-        "achieved_tflops": achieved_flops / 1e12 if achieved_flops else None,
-        "mfu": plausible_mfu(achieved_flops, peak_flops),
-        "phase": phase,
-        "host_busy": None,  # the session marks it from the contention sampler
-    }
-    row.update(memory_snapshot(device))
-    return row
 
 
 def _check_finite(cfg: RunConfig, step: int, loss_value: float, loss_scale: float | None) -> None:
