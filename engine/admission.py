@@ -27,17 +27,21 @@ from engine.hardware.devices import (
     mode_support,
     resolve_device_key,
 )
+from engine.support import torch_support
 
 MAX_CPU_PROCS = 8  # each CPU process trains a whole replica on shared cores
 
 
 def check_runnable(cfg: RunConfig) -> tuple[DeviceInfo, list[str]]:
     """Refuse a config the resolved device cannot run; return the device and warnings."""
+    torch = torch_support()
+    if not torch.ok:
+        raise ConfigError("torch", torch.version or "not installed", torch.problem)
     problem = missing_extra(cfg.model.value)  # a known architecture whose library is absent
     if problem:
         raise ConfigError("model", cfg.model, problem)
     dev = get_device(resolve_device_key(cfg.device))
-    warnings = []
+    warnings = [torch.warning] if torch.warning else []
     # A speedup check trains every one of its modes: each must run here.
     field = "speedup_modes" if cfg.is_speedup_check else "precision"
     for mode in dict.fromkeys(cfg.speedup_mode_list or [cfg.precision]):

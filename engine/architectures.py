@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-EXTRA_REQUIREMENTS = "requirements-models.txt"  # the optional extra these need
+# The optional extra these need (a range, so a GPU node keeps its own PyTorch; the pinned
+# set CI uses is requirements-models.txt).
+EXTRA_INSTALL = 'pip install "precision-lab[models]" (from a checkout: pip install -e ".[models]")'
 
 # What a model's batches are, which decides its inputs, targets and loss:
 VECTOR = "vector"        # float vectors -> class logits (the mlp)
@@ -75,4 +77,4 @@ def missing_extra(model: str) -> str | None:
     if arch is None or importlib.util.find_spec(arch.library) is not None:
         return None
     return (f"needs the optional package {arch.library}, not installed here: "
-            f"pip install -r {EXTRA_REQUIREMENTS}")
+            f"{EXTRA_INSTALL}")

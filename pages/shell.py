@@ -10,6 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.support import torch_support
 from pages.ui import MODE_ICONS, SHELL_KEY, cached_devices, fmt_bytes, plain
 
 PAGES = [
@@ -39,8 +40,13 @@ def app_shell():
 def device_card() -> None:
     devices = cached_devices()
     gpus = [d for d in devices if d.kind == "cuda"]
+    torch = torch_support()  # package metadata only: the server imports no torch
     with st.sidebar:
         st.markdown("### Devices")
+        if torch.problem:
+            st.error(plain(torch.problem))
+        elif torch.warning:
+            st.warning(plain(torch.warning))
         if not gpus:
             st.caption("No NVIDIA GPU found (no NVML driver, or a CPU-only PyTorch build): "
                        "runs use the CPU; GPU-only modes are marked unsupported.")

@@ -32,6 +32,56 @@ os.environ["PRECISION_LAB_STANDBY"] = "0"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: starts real worker processes or trains; still part of CI")
+    config.addinivalue_line(
+        "markers", "fast: the tier to run while working (python -m pytest -m fast): every "
+        "test not marked slow or browser; it starts no process")
+
+
+# ---------------------------------------------------------------------------------------
+# the fast tier: every test not marked slow or browser, and such a test starts no process
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in ("slow", "browser")):
+            item.add_marker(pytest.mark.fast)
+
+
+# nodeid of the fast test now running, and what it started (a process is a reason to be slow)
+_FAST_TEST: dict[str, Any] = {"nodeid": None, "started": []}
+
+
+def _note_fork() -> None:
+    if _FAST_TEST["nodeid"] is not None:
+        _FAST_TEST["started"].append(f"os.fork() (pid {os.getpid()})")
+
+
+os.register_at_fork(before=_note_fork)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test in the fast tier that starts a process (subprocess, multiprocessing, a fork)
+    fails, naming what it started: such a test belongs in the slow tier. A process start is
+    what makes a test take seconds here (interpreter start-up, torch import)."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    execute_child = subprocess.Popen._execute_child
+
+    def noted_execute_child(popen, args, *rest, **kwargs):
+        _FAST_TEST["started"].append(" ".join(map(str, args if isinstance(args, (list, tuple))
+                                                  else [args]))[:160])
+        return execute_child(popen, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", noted_execute_child)
+    _FAST_TEST.update(nodeid=request.node.nodeid, started=[])
+    try:
+        yield
+    finally:
+        started, _FAST_TEST["nodeid"] = list(_FAST_TEST["started"]), None
+    assert not started, (f"this test started {len(started)} process(es) ({started[0]}): "
+                         "mark it @pytest.mark.slow (the fast tier starts none)")
 
 
 # ---------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_a_missing_extra_is_refused_with_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torchvision" else real(name, *a))
-    assert "requirements-models.txt" in missing_extra("torchvision:resnet50")
+    assert 'pip install "precision-lab[models]"' in missing_extra("torchvision:resnet50")
     with pytest.raises(ConfigError) as info:
         check_runnable(RunConfig(model="torchvision:resnet50", device="cpu"))
-    assert info.value.field == "model" and "pip install -r requirements-models.txt" in info.value.fix
+    assert info.value.field == "model" and 'pip install "precision-lab[models]"' in info.value.fix

@@ -277,7 +277,7 @@ def test_models_lists_every_name_with_its_parameter_count(cli):
     assert names == {"mlp", "resnet", "gpt", *ARCHITECTURES}
     for row in listing["models"]:
         assert row["param_count"] and isinstance(row["installed"], bool)
-        assert row["installed"] or "requirements-models.txt" in row["reason"]
+        assert row["installed"] or "precision-lab[models]" in row["reason"]
 
 
 @pytest.mark.slow

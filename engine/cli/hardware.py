@@ -53,9 +53,15 @@ def _positive_seconds(text: str) -> float:
 def format_doctor(report: dict[str, Any]) -> str:
     cuda = (f"CUDA {report['torch_cuda_build']}, GPU usable: {'yes' if report['torch_cuda'] else 'no'}"
             if report["torch_cuda_build"] else "CPU-only build")
-    lines = [f"torch {report['torch_version']} ({cuda})",
-             "NVML: " + ("available" if report["nvml_available"]
-                         else f"not available ({report['nvml_reason']})"), ""]
+    support = report["torch_support"]
+    lines = [f"torch {report['torch_version']} ({cuda}); supported: {support['supported']}"]
+    lines += [f"  {word}: {support[word]}" for word in ("problem", "warning") if support[word]]
+    lines.append("NVML: " + ("available" if report["nvml_available"]
+                             else f"not available ({report['nvml_reason']})"))
+    lines.append("optional parts: " + "; ".join(
+        f"{part['module']} {'yes' if part['installed'] else 'no (' + part['install'] + ')'}"
+        for part in report["optional"]))
+    lines.append("")
     for dev in report["devices"]:
         memory = f"{dev['memory_bytes'] / 2**30:.1f} GiB" if dev.get("memory_bytes") else "n/a"
         lines.append(f"{dev['key']}: {dev['name']}  [{dev['kind']}, {dev['capability']}, "

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from engine.architectures import ARCHITECTURES, EXTRA_REQUIREMENTS, HOME_MADE_TASKS, missing_extra
+from engine.architectures import ARCHITECTURES, EXTRA_INSTALL, HOME_MADE_TASKS, missing_extra
 from engine.cli.errors import EXIT_OK
 from engine.config import ModelSize, RunConfig, choices
 from engine.workloads import WORKLOADS_ENV, discover_workloads, workloads_dir
@@ -73,5 +73,5 @@ def cmd_models(args: argparse.Namespace) -> int:
     else:
         print(f"{WORKLOADS_ENV} is not set: the app offers no workload files")
     if any(not row["installed"] for row in rows):
-        print(f"the architectures marked 'no' need: pip install -r {EXTRA_REQUIREMENTS}")
+        print(f"the architectures marked 'no' need: {EXTRA_INSTALL}")
     return EXIT_OK

@@ -1,6 +1,6 @@
 """Known architectures built from library code with random weights (never a download).
 
-torchvision and transformers are the optional extra (requirements-models.txt), imported
+torchvision and transformers are the optional extra `models` (pyproject; pinned for CI in requirements-models.txt), imported
 only inside the builders: a run of the home-made models never loads them. Every model
 here returns one logits tensor, so the loop's loss, FLOP count and precision plan treat
 them like the home-made ones. The table of names, tasks and parameter counts is
