@@ -1,12 +1,10 @@
 """The device check: a real bounded CPU run, pure verdict rules with realistic GPU numbers,
-kernel evidence from real traces, the child-process runner, and scripts/gpu_check.py."""
+kernel evidence from real traces and the child-process runner."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -217,36 +215,6 @@ def test_run_check_subprocess_relays_progress(home):
 def test_run_check_subprocess_bad_device_fails_with_the_cli_message(home):
     with pytest.raises(CheckFailed, match="--device 'cuda:9'"):
         run_check_subprocess("cuda:9", time_budget_s=3)
-
-
-# ---------------------------------------------------------------------------------------
-# scripts/gpu_check.py
-
-
-def test_gpu_check_script_quick_on_cpu(home):
-    from conftest import cli_env
-
-    start_s = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "gpu_check.py"), "--quick", "--device", "cpu",
-         "--models", "gpt", "--modes", "fp32,bf16-amp,fp8", "--check-budget", "3"],
-        cwd=str(REPO_ROOT), env=cli_env(home), capture_output=True, text=True, timeout=180,
-        stdin=subprocess.DEVNULL)
-    wall_s = time.perf_counter() - start_s
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
-    for heading in ("# Precision Lab hardware check", "## Devices", "## Check of cpu", "## Runs"):
-        assert heading in out
-    assert "| gpt-tiny | fp32 | finished | 5 |" in out
-    assert "| gpt-tiny | bf16-amp | finished | 5 |" in out
-    assert "gpt fp8 not run:" in out  # unsupported on a CPU: said, not attempted
-    assert wall_s < 90
-
-
-def test_gpu_check_script_rejects_bad_flags():
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "gpu_check.py"),
-                           "--modes", "fp64"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--modes 'fp64'" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------
