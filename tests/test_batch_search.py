@@ -18,6 +18,7 @@ def test_probe_sequence_doubles_then_bisects():
     assert next_probe(None, 1, 1, 4096) is None         # nothing fits
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_capped_cpu_search_finds_a_real_limit():
     # 1200 MiB of address space: torch plus gpt-tiny fits at small batches, not at 2048.
@@ -32,6 +33,7 @@ def test_capped_cpu_search_finds_a_real_limit():
     assert failed and all("allocate" in p["reason"] for p in failed)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_search_for_a_multi_process_run_measures_the_batch_per_process():
     # An FSDP2 2-process config: the probes train one process, so they need no ranks.
@@ -107,6 +109,7 @@ def wait_search(store, run_id: str, timeout_s: float, predicate) -> dict:
                          f"{log.read_text()[-2000:] if log.exists() else '(none)'}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_background_search_records_probes_and_the_result_and_ends(store, no_search_left):
     from engine.run.batch_search import (
@@ -136,6 +139,7 @@ def test_background_search_records_probes_and_the_result_and_ends(store, no_sear
     assert batch_search_progress(store, run_id)["state"] == "done"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_background_search_stops_by_itself_when_its_run_is_deleted(store, no_search_left):
     import time

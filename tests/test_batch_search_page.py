@@ -60,6 +60,7 @@ def texts(at: AppTest) -> str:
     return " ".join(e.value for kind in (at.info, at.success, at.error, at.warning) for e in kind)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_find_largest_batch_returns_at_once_and_the_search_runs_in_the_background(lab):
     store, run_id = lab

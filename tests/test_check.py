@@ -61,6 +61,7 @@ def cpu_result():
     return result, updates, time.perf_counter() - start_s
 
 
+@pytest.mark.slow
 def test_cpu_check_structure(cpu_result):
     result, _updates, wall_s = cpu_result
     json.dumps(result)  # JSON-serialisable as is
@@ -102,6 +103,7 @@ def test_cpu_check_progress(cpu_result):
     assert any("bf16" in message for _f, message in updates)
 
 
+@pytest.mark.slow
 def test_tiny_budget_still_bounded_and_every_line_has_a_verdict():
     start_s = time.perf_counter()
     result = run_check("cpu", time_budget_s=1.5)
@@ -205,6 +207,7 @@ def test_tensor_core_of_no_kernels_says_why():
 # child process (what the page uses)
 
 
+@pytest.mark.slow
 def test_run_check_subprocess_relays_progress(home):
     updates = []
     result = run_check_subprocess("cpu", progress=lambda f, m: updates.append(f), time_budget_s=3)
@@ -212,6 +215,7 @@ def test_run_check_subprocess_relays_progress(home):
     assert updates and updates[-1] == 1.0
 
 
+@pytest.mark.slow
 def test_run_check_subprocess_bad_device_fails_with_the_cli_message(home):
     with pytest.raises(CheckFailed, match="--device 'cuda:9'"):
         run_check_subprocess("cuda:9", time_budget_s=3)

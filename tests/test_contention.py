@@ -8,6 +8,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from bench._hog import cpu_hog
 from engine.analysis.contention import BUSY_SHARE, assess, sample_causes, sample_is_busy, words
@@ -43,6 +44,7 @@ def test_proc_stat_is_read_in_cpu_seconds():
     assert stat is not None and stat["total_s"] > stat["busy_s"] >= 0 and stat["steal_s"] >= 0
 
 
+@pytest.mark.slow
 def test_a_competing_process_marks_the_samples_busy_with_the_evidence():
     cores = logical_cores()
     # The observed "trainer" is a separate idle process: the hog is this test's child, and
@@ -93,6 +95,7 @@ def test_thresholds_scale_with_the_cores_and_nothing_measured_says_so():
                               "other processes used 0.1 cores, trainer got 190 % of a core)")
 
 
+@pytest.mark.slow
 def test_a_trainers_own_children_count_as_the_trainers_cpu():
     probe = ContentionProbe()  # this process: the hog below is its child, like a DataLoader worker
     with cpu_hog():

@@ -81,12 +81,14 @@ def test_no_gpu_means_no_cuda_devices(doctor):
     assert "NVML" in doctor["nvml_reason"] or "Library" in doctor["nvml_reason"]
 
 
+@pytest.mark.slow
 def test_doctor_text(cli):
     proc = cli("doctor")
     assert proc.returncode == 0, proc.stderr
     assert "cpu:" in proc.stdout and "bf16-amp" in proc.stdout and "torch " in proc.stdout
 
 
+@pytest.mark.slow
 def test_check_json_on_cpu(cli):
     proc = cli("check", "--json", "--device", "cpu", "--time-budget", "3")
     assert proc.returncode == 0, proc.stderr
@@ -96,12 +98,14 @@ def test_check_json_on_cpu(cli):
     assert "[100.0%] done" in proc.stderr  # progress goes to stderr, JSON alone on stdout
 
 
+@pytest.mark.slow
 def test_check_unusable_device_exits_2_with_one_line(cli):
     proc = cli("check", "--device", "cuda:9")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--device 'cuda:9'" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["0", "abc", "9999"])
 def test_check_bad_time_budget_exits_2(cli, budget):
     proc = cli("check", "--time-budget", budget)

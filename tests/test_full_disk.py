@@ -44,6 +44,7 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow
 def test_full_disk_is_a_clear_error_and_runs_survive(small_disk, monkeypatch):
     home = small_disk / "lab"
     store = Store(home)

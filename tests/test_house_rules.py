@@ -249,6 +249,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_pages_run_without_error_and_import_no_torch(tmp_path):
     env = {"PRECISION_LAB_HOME": str(tmp_path), "PRECISION_LAB_STANDBY": "0",
@@ -268,6 +269,7 @@ def _navigation_pages() -> list[tuple[str, str, str]]:
     return PAGES
 
 
+@pytest.mark.slow
 def test_the_page_check_fails_when_a_page_raises_or_imports_torch(tmp_path):
     """The check above, on a planted app: one page that raises, one that imports torch."""
     (tmp_path / "pages").mkdir()
@@ -340,6 +342,7 @@ print("streamlit" in sys.modules, any(m.startswith("streamlit.") for m in sys.mo
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_headless_entry_points_import_neither_streamlit_nor_torch():
     result = subprocess.run([sys.executable, "-c", _PROBE], cwd=str(REPO_ROOT),
@@ -384,3 +387,59 @@ def test_the_size_check_names_a_long_function(tmp_path, monkeypatch):
     long_one = tmp_path / "long.py"
     long_one.write_text("def long():\n" + "    x = 1\n" * 80)
     assert _too_big(long_one) == ["long.py:1: long() is 81 lines"]
+
+
+# ---------------------------------------------------------------------------------------
+# the fast tier (tests/conftest.py: every test not marked slow or browser)
+
+
+def _marked(decorators: list[ast.expr], names: tuple[str, ...]) -> bool:
+    return any(ast.unparse(d).split("(")[0].endswith(tuple(f"mark.{n}" for n in names))
+               for d in decorators)
+
+
+def _fast_test_imports(path: Path) -> set[str]:
+    """Engine modules a test file's fast tests import: its module-level imports when it has
+    any fast test, plus the imports inside its fast test functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    file_marks = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)]
+    if any("slow" in ast.unparse(m) or "browser" in ast.unparse(m) for m in file_marks):
+        return set()
+    fast = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            and node.name.startswith("test_") and not _marked(node.decorator_list, ("slow", "browser"))]
+    if not fast:
+        return set()
+    found = {module for _, module in _module_level_imports(path)}
+    for func in fast:
+        for node in ast.walk(func):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return {module for module in found if module in MODULES}
+
+
+def _module_level_graph() -> dict[str, set[str]]:
+    return {name: {imp.target for imp in imports_of(path, MODULES) if not imp.function}
+            for name, path in MODULES.items()}
+
+
+def test_the_fast_tier_reaches_every_engine_module():
+    """Each engine module is imported by a fast test, directly or through the modules it
+    imports at module level: `python -m pytest -m fast` exercises every wing."""
+    graph = _module_level_graph()
+    reached: set[str] = set()
+    pending = [m for path in sorted((REPO_ROOT / "tests").glob("test_*.py"))
+               for m in _fast_test_imports(path)]
+    while pending:
+        module = pending.pop()
+        if module not in reached:
+            reached.add(module)
+            pending += graph.get(module, ())
+            parent = module.rsplit(".", 1)[0]
+            if parent in MODULES:
+                pending.append(parent)  # importing a submodule runs its package
+    missing = sorted(set(MODULES) - reached - {"engine.__main__"})
+    assert missing == [], "no fast test imports these: " + ", ".join(missing)

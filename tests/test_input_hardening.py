@@ -48,6 +48,7 @@ def test_an_error_never_repeats_a_huge_value_in_full(home, capsys, argv):
     assert len(err) < 600 and len(err.strip().splitlines()) == 1, err[:300]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_finished_standby_is_reaped_by_the_process_that_started_it(store, monkeypatch,
                                                                       wait_for):

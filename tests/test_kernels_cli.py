@@ -106,12 +106,14 @@ def _engine(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_python_m_engine_classify():
     result = _engine("classify", stdin="volta_h884gemm_64x128_ldg8_nn\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "volta_h884gemm_64x128_ldg8_nn\tgemm\tyes\tfp16\n"
 
 
+@pytest.mark.slow
 def test_python_m_engine_kernels_json_and_missing_file(tmp_path):
     result = _engine("kernels", str(GP100), "--json")
     assert result.returncode == 0, result.stderr

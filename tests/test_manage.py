@@ -185,6 +185,7 @@ def _cli(home, *args: str, stdin: str | None = None) -> subprocess.CompletedProc
                           input=stdin)
 
 
+@pytest.mark.slow
 def test_cli_tag_note_archive_list_and_delete(tmp_path):
     home = tmp_path / "home"
     store = Store(home)
@@ -244,6 +245,7 @@ def test_cli_refuses_to_delete_a_running_run(home, capsys):
     assert store.get_run(run_id).status == RUNNING
 
 
+@pytest.mark.slow
 def test_cli_csv_and_parquet_exports(lab, tmp_path):
     home, store, (run_id, _) = lab
     out = _cli(home, "export", run_id, "--csv", str(tmp_path / "m.csv"), "--json")
@@ -258,6 +260,7 @@ def test_cli_csv_and_parquet_exports(lab, tmp_path):
 # MLflow (a real local file store) and TensorBoard (real event files)
 
 
+@pytest.mark.slow
 def test_mlflow_export_to_a_real_file_store(lab, tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="MLflow not installed: pip install -r requirements-export.txt")
     home, store, (run_id, _) = lab
@@ -299,6 +302,7 @@ def test_mlflow_export_to_a_real_file_store(lab, tmp_path, monkeypatch):
     assert [r.info.run_id for r in live] == [again["runs"][run_id]]
 
 
+@pytest.mark.slow
 def test_tensorboard_export_reads_back_with_tensorboards_reader(lab, tmp_path):
     pytest.importorskip("tensorboard", reason="TensorBoard not installed: pip install -r "
                                               "requirements-export.txt")
@@ -334,6 +338,7 @@ def test_exports_elsewhere_refuse_a_run_that_has_not_ended(home, capsys, tmp_pat
     assert "still queued" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_launch_from_a_run_reuses_its_config_with_overrides(home, capsys, wait_for):
     store = Store(home)
     source = store.create_run(tiny_config("bf16-amp", batch_size=24, steps=50, name="source"),
@@ -352,6 +357,7 @@ def test_cli_launch_from_a_run_reuses_its_config_with_overrides(home, capsys, wa
 # exports write regular files only
 
 
+@pytest.mark.slow
 def test_exports_refuse_devices_fifos_sockets_and_links_and_say_when_they_replace(lab, tmp_path):
     import os
     import socket
@@ -413,6 +419,7 @@ def test_the_writer_itself_refuses_a_device_node(tmp_path):
     assert fresh.read_bytes() == b"a,b\n1,2\n"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_mlflow_export_to_a_server_that_never_answers_fails_within_its_timeout(lab):
     """A loopback server that accepts connections and never answers (and a closed port):

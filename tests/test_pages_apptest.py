@@ -89,6 +89,7 @@ def test_unsupported_mode_is_disabled_with_the_reason(lab_home):
     assert Store(lab_home).list_runs() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     at = _app()
@@ -128,6 +129,7 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     assert "e+" not in throughput and float(throughput.replace(",", "")) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_comparison_preset_runs_fp32_fp16_bf16_in_turn(lab_home):
     at = _app()
@@ -176,6 +178,7 @@ def test_runs_page_filters_and_opens_a_run_in_live(lab_home):
     assert any("signal 9" in err.value for err in at.error)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_stop_button_stops_a_running_run(lab_home):
     from engine.run.launcher import launch

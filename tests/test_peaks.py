@@ -106,6 +106,7 @@ def test_cpu_has_no_tf32_or_fp8_peak(dtype):
     assert peak.flops_per_s is None and peak.source == SOURCE_NA and "CPU" in peak.note
 
 
+@pytest.mark.slow
 def test_cpu_peak_is_measured_then_cached(home):
     cpu = cpu_device()
     assert peak_for(cpu, "fp32", measure=False).flops_per_s is None  # nothing cached yet
@@ -126,6 +127,7 @@ def test_cpu_peak_is_measured_then_cached(home):
     assert peak_for(cpu, "fp32", measure=False).flops_per_s == first.flops_per_s
 
 
+@pytest.mark.slow
 def test_cpu_bf16_note_is_honest_about_emulation(home):
     cpu = cpu_device()
     peak = _quiet_peak(cpu, "bf16")
@@ -136,6 +138,7 @@ def test_cpu_bf16_note_is_honest_about_emulation(home):
         assert "emulated" not in peak.note
 
 
+@pytest.mark.slow
 def test_corrupt_cache_is_remeasured(home):
     home.mkdir(parents=True, exist_ok=True)
     (home / "peaks_cache.json").write_text("{not json")
@@ -264,6 +267,7 @@ def test_plausible_range_follows_the_isa_flags():
     assert plausible_range(cpu_device(), "fp32")[0] > 0.22e9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flops, busy, version, why", [
     (0.22e9, False, 2, "below"),           # a tiny figure, even one recorded as quiet
     (90e9, True, 2, "busy"),               # a busy record
@@ -287,6 +291,7 @@ def test_a_poisoned_peak_record_is_not_used_and_is_measured_again(home, flops, b
     assert peak.label.startswith("measured fp32 matmul peak, ") and "machine quiet" in peak.label
 
 
+@pytest.mark.slow
 def test_a_peak_measured_under_load_is_never_kept(home):
     from bench._hog import bursty_hog, cpu_hog
 
@@ -308,6 +313,7 @@ def test_a_peak_measured_under_load_is_never_kept(home):
         assert record["busy"] is False and record["others_cpu_cores"] < 0.5
 
 
+@pytest.mark.slow
 def test_a_run_that_beats_its_peak_marks_it_for_measuring_again(home):
     from engine.hardware.peaks import cache_key, note_achieved, unusable_reason
 
@@ -321,6 +327,7 @@ def test_a_run_that_beats_its_peak_marks_it_for_measuring_again(home):
     assert again.flops_per_s > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_device_check_replaces_a_poisoned_peak(home):
     from engine.diagnostics.check import run_check

@@ -88,6 +88,7 @@ def test_config_validation_names_the_field():
     assert mode_labels(["fp32", "bf16-amp", "fp32"]) == ["fp32", "bf16-amp", "fp32 (2)"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_measurement_in_process_interleaves_modes_with_equal_blocks_and_memory():
     cfg = RunConfig(model="mlp", precision="fp32", speedup_modes="fp32,bf16-amp",
@@ -112,6 +113,7 @@ def _json_line(proc) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_speedup_end_to_end_quiet_and_under_a_cpu_hog(cli):
     proc = cli("speedup", "--model", "mlp", "--precisions", "fp32,bf16-amp", "--batch-size",
@@ -143,6 +145,7 @@ def test_cli_speedup_end_to_end_quiet_and_under_a_cpu_hog(cli):
     assert not re.search(r"\d(\.\d+)?x (faster|slower) than", text), text
 
 
+@pytest.mark.slow
 def test_cli_speedup_bad_input_exits_2_naming_the_field(cli):
     for args, needle in (
         (["--precisions", "fp32"], "--speedup-modes 'fp32'"),
@@ -158,6 +161,7 @@ def test_cli_speedup_bad_input_exits_2_naming_the_field(cli):
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_speedup_check_measures_your_own_workload(tmp_path):
     """The example user workload through the same paired measurement (issue: the speedup

@@ -205,6 +205,7 @@ def run_at_once(script: str, home: Path, count: int) -> list[str]:
     return outputs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_processes_racing_for_the_device_never_run_two_and_keep_fifo(store, home):
     run_ids = make_runs(store, 12)
@@ -231,6 +232,7 @@ for _ in range(15):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_concurrent_first_opens_and_creates_get_distinct_queue_positions(home):
     # No database yet: the processes also race to create it and switch it to WAL.
@@ -252,6 +254,7 @@ Store(home)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_many_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
     # Both sides of the race hold a shared lock and ask for the exclusive one to switch to
@@ -508,6 +511,7 @@ def _run_without_write_override(home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("existing_store", [False, True], ids=["empty-dir", "existing-store"])
 def test_read_only_data_directory_is_a_store_error(tmp_path, existing_store):

@@ -29,6 +29,7 @@ def _empty_database_beside_runs(home: Path) -> Store:
     return store
 
 
+@pytest.mark.slow
 def test_a_zero_byte_database_beside_run_folders_is_reported_with_the_recovery(tmp_path):
     store = _empty_database_beside_runs(tmp_path / "home")
     with pytest.raises(StoreError) as info:

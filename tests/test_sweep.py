@@ -385,6 +385,7 @@ def test_cli_sweep_ids_and_commands_are_checked(home, capsys, args, starts):
     assert err.startswith(starts) and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_cli_error_as_a_real_process_exits_2_without_traceback(home):
     result = _cli_subprocess(str(home), "sweep", "create", "--precisions", "fp64;ls")
     assert result.returncode == 2
@@ -414,6 +415,7 @@ def _dead_process() -> tuple[int, float]:
     return proc.pid, created
 
 
+@pytest.mark.slow
 def test_a_ray_run_whose_driver_died_fails_naming_the_driver(store):
     pid, created = _dead_process()
     run_id = _ray_sweep_with_one_run(store, pid, created)
@@ -425,6 +427,7 @@ def test_a_ray_run_whose_driver_died_fails_naming_the_driver(store):
     assert f"the Ray sweep driver (pid {pid})" in run.reason and "driver.log" in run.reason
 
 
+@pytest.mark.slow
 def test_stopping_a_queued_ray_run_is_immediate_and_signals_nothing(store):
     # The run's pid is a live stand-in for the sweep's driver: the stop must go through
     # the store, never as a signal to the driver's process group.
@@ -443,6 +446,7 @@ def test_stopping_a_queued_ray_run_is_immediate_and_signals_nothing(store):
         driver.wait()
 
 
+@pytest.mark.slow
 def test_stopping_a_running_ray_run_whose_driver_is_gone_marks_it_stopped(store):
     pid, created = _dead_process()
     run_id = _ray_sweep_with_one_run(store, pid, created)

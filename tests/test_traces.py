@@ -499,6 +499,7 @@ def _bomb(path: Path, decompressed_mib: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_is_refused_at_the_limit_with_bounded_memory(tmp_path):
     import subprocess
     import sys

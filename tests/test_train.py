@@ -41,6 +41,7 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("precision", CPU_MODES)
 @pytest.mark.parametrize("model", ["mlp", "resnet", "gpt"])
@@ -96,6 +97,7 @@ def _sleepy_should_stop(slow_steps: set[int], sleep_s: float):
     return should_stop
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_steady_throughput_excludes_warmup_and_profile_steps(tmp_path):
     cfg = RunConfig(model="mlp", batch_size=8, steps=20, warmup_steps=3, profile=True,
@@ -116,6 +118,7 @@ def test_steady_throughput_excludes_warmup_and_profile_steps(tmp_path):
         result.flops_per_step / (mean_steady_ms / 1000.0) / 1e12, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_steady_throughput_excludes_warmup_with_log_interval():
     cfg = RunConfig(model="mlp", batch_size=8, steps=16, warmup_steps=3, profile=False,

@@ -113,6 +113,7 @@ def test_data_wait_is_most_of_the_step_without_workers_and_little_with_two(
     assert shares[2] < 0.1, shares
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_worker_processes_end_when_the_user_model_raises_mid_run(tmp_path, home, one_thread):
     path = write(tmp_path, "breaks.py", '''
@@ -267,6 +268,7 @@ def test_builtin_loader_reads_stdlib_text_and_decoded_jpeg_files(home, one_threa
     assert result.extra["input_pipeline"]["data"] == "loader"
 
 
+@pytest.mark.slow
 def test_models_lists_every_name_with_its_parameter_count(cli):
     done = cli("models", "--json")
     assert done.returncode == 0, done.stderr

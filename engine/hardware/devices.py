@@ -81,7 +81,8 @@ def read_cpu_name(cpuinfo_path: str = "/proc/cpuinfo") -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "CPU"
+    # not platform.processor(): on Linux it starts `uname -p`, which mostly says "unknown"
+    return platform.machine() or "CPU"
 
 
 def cpu_isa_label(flags: frozenset[str]) -> str:

@@ -176,10 +176,15 @@ def _section(title: str, inner: str) -> str:
     return f"<section>\n<h2>{_e(title)}</h2>\n{inner}\n</section>"
 
 
+def _system() -> str:
+    """"Linux 6.1.0 x86_64": not platform.platform(), which starts `uname -p` on Linux."""
+    return " ".join(filter(None, (platform.system(), platform.release(), platform.machine())))
+
+
 def _generated_line() -> str:
     versions = ", ".join(f"{pkg} {_version(pkg)}" for pkg in ("torch", "plotly", "pandas"))
     return (f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {platform.node() or 'this host'} "
-            f"({platform.platform()}; Python {platform.python_version()}; {versions}).")
+            f"({_system()}; Python {platform.python_version()}; {versions}).")
 
 
 def _version(package: str) -> str:
