@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import functools
 import re
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ def _release(version: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+@functools.lru_cache(maxsize=None)  # a metadata scan costs ms; installs do not change under a process
 def installed_version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
