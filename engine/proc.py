@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import psutil
@@ -17,6 +19,12 @@ import psutil
 from engine.schema import HOME_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def reap_when_done(proc: subprocess.Popen, what: str) -> None:
+    """Wait for a detached child in a daemon thread: a long-lived parent (the Streamlit
+    server) that never waits keeps every ended worker, standby or driver as a zombie."""
+    threading.Thread(target=proc.wait, name=f"reap-{what}-{proc.pid}", daemon=True).start()
 
 
 def child_env(home: Path) -> dict[str, str]:

@@ -16,8 +16,8 @@ from pages.ui import cached_devices, ensure_app_shell, fmt_bytes, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
-VERDICT_BADGES = {"ok": "✅ ok", "slow": "⚠️ slow", "not supported": "⛔ not supported",
-                  "skipped": "⏭️ skipped"}
+VERDICT_BADGES = {"ok": "ok", "slow": "slow", "not supported": "not supported",
+                  "skipped": "skipped"}  # words: the table's colour (VERDICT_COLOURS) says the rest
 VERDICT_COLOURS = {"ok": "#d4edda", "slow": "#fff3cd", "not supported": "#e2e3e5",
                    "skipped": "#e2e3e5"}
 RESULTS_KEY = "check_results"  # {device_key: result dict}

@@ -33,7 +33,6 @@ from engine.presets import (
 from engine.store import StoreError
 from engine.workloads import WORKLOADS_ENV, discover_workloads, workloads_dir
 from pages.ui import (
-    MODE_ICONS,
     PREFILL_KEY,
     NumberInputs,
     cached_devices,
@@ -147,8 +146,8 @@ with left:
     precision = st.selectbox(
         "Precision", choices(Precision), key="precision",
         index=choices(Precision).index(DEFAULTS.precision),
-        # The status in words too: the icon alone is an empty box without an emoji font.
-        format_func=lambda m: f"{MODE_ICONS[support[m].status]} {PRECISION_LABELS[Precision(m)]}"
+        # The status in words: a select box draws no colour, and a glyph needs an emoji font.
+        format_func=lambda m: PRECISION_LABELS[Precision(m)]
         + (" (not on this device)" if support[m].status == UNSUPPORTED
            else f" ({support[m].status})"))
     batch_size = numbers.number("Batch size", "batch_size", step=1, value=DEFAULTS.batch_size,
@@ -409,5 +408,5 @@ with aa_col:
         _launch_check([aa_baseline, aa_baseline])
 
 with st.expander(f"Precision modes on {device.name}"):
-    st.table([{"mode": m, "status": f"{MODE_ICONS[s.status]} {s.status}", "why": s.reason}
+    st.table([{"mode": m, "status": s.status, "why": s.reason}
               for m, s in support.items()])

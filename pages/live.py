@@ -34,6 +34,8 @@ from pages.speedup_view import draw_speedup
 from pages.ui import (
     LIVE_RUN_KEY,
     PREFILL_KEY,
+    VERDICT_COLOURS,
+    coloured,
     ensure_app_shell,
     fmt_bytes,
     fmt_duration,
@@ -42,7 +44,7 @@ from pages.ui import (
     plain,
     relaunch,
     show_caveat,
-    status_badge,
+    status_words,
 )
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -58,7 +60,7 @@ runs = store.list_runs(limit=500)
 st.title("Live")
 if not runs:
     st.info("No runs yet. Start one on the Launch page.")
-    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.page_link("pages/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 run_ids = [r.id for r in runs]
@@ -110,7 +112,7 @@ else:
                                 help="Every logged step, typed columns; units in the file metadata",
                                 on_click="ignore")
 if run.is_active:
-    if st.button("⏹ Stop run", key="stop_run", type="secondary"):
+    if st.button("Stop run", key="stop_run", type="secondary"):
         with st.spinner("Stopping (the Ray task is asked to stop, then cancelled)..." if on_ray
                         else "Stopping (SIGTERM, then SIGKILL after 3 s)..."):
             stop(run.id, store)
@@ -149,19 +151,19 @@ def progress_block(run, frame: pd.DataFrame) -> None:
 def status_block(run) -> None:
     if run.status == "queued":
         position = store.queue_position(run.id)
-        st.info(f"{status_badge('queued')}: waiting for {plain(run.device_key)} (position {position}); "
+        st.info(f"{status_words('queued')}: waiting for {plain(run.device_key)} (position {position}); "
                 "one run per device at a time keeps throughput numbers honest.")
     elif run.status == "running":
-        st.success(f"{status_badge('running')} on {plain(run.device_key)}")
+        st.success(f"{status_words('running')} on {plain(run.device_key)}")
         idle_s = no_progress_s(store, run)
         if idle_s is not None:
             st.warning(f"No progress for {fmt_duration(idle_s)}: the trainer logged no step in "
                        "that time (paused, a hung device, or a very long first step). Runs "
                        "queued behind it wait; stop it if it does not recover.")
     elif run.status == "finished":
-        st.success(f"{status_badge('finished')}" + (f": {plain(run.reason)}" if run.reason else ""))
+        st.success(f"{status_words('finished')}" + (f": {plain(run.reason)}" if run.reason else ""))
     else:
-        st.error(f"{status_badge(run.status)}: {plain(run.reason or 'no reason recorded')}")
+        st.error(f"{status_words(run.status)}: {plain(run.reason or 'no reason recorded')}")
 
 
 def headline_metrics(run, frame: pd.DataFrame) -> None:
@@ -217,14 +219,16 @@ def matrix_unit_badge(run) -> None:
         st.error(f"Profiler: {plain(summary['profile_error'])}")
     verdict = (summary.get("kernels") or {}).get("verdict")
     if verdict:
-        icon = {"yes": "🟢", "partly": "🟡", "no": "🔴"}.get(verdict.get("tensor_cores"), "⚪")
-        st.markdown(f"{icon} **{plain(verdict.get('headline', ''))}**")
+        answer = verdict.get("tensor_cores") or "unknown"
+        st.markdown(f"Tensor Cores: {coloured(answer, VERDICT_COLOURS.get(answer, 'gray'))} · "
+                    f"**{plain(verdict.get('headline', ''))}**")
         if verdict.get("evidence"):
             st.caption("Evidence: " + ", ".join(plain(str(name)[:80]) for name in verdict["evidence"][:3]))
     cpu = summary.get("cpu_evidence")
     if cpu:
-        icon = {"native": "🟢", "neutral": "⚪"}.get(verdict_tone(cpu["verdict"]), "🟡")
-        st.markdown(f"{icon} **CPU matrix unit:** {plain(cpu['headline'])}")
+        tone = verdict_tone(cpu["verdict"])
+        st.markdown(f"**CPU matrix unit:** {coloured(tone, VERDICT_COLOURS.get(tone, 'orange'))} · "
+                    f"{plain(cpu['headline'])}")
         if cpu.get("evidence"):
             st.caption("oneDNN evidence: " + ", ".join(plain(e) for e in cpu["evidence"][:4]))
     explain = summary.get("explain") or {}

@@ -32,7 +32,7 @@ runs = store.list_runs(limit=5000)
 st.title("Runs")
 if not runs:
     st.info("No runs yet. Start one on the Launch page.")
-    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.page_link("pages/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 # -- filters ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from engine.support import torch_support
-from pages.ui import MODE_ICONS, SHELL_KEY, cached_devices, fmt_bytes, plain
+from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, fmt_bytes, plain
 
 PAGES = [
     ("pages/launch.py", "Launch", ":material/rocket_launch:"),
@@ -28,7 +28,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 def app_shell():
     """Configure the page, declare the navigation, draw the device card; return the
     page the URL asks for (the caller runs it)."""
-    st.set_page_config(page_title="Precision Lab", page_icon="🎯", layout="wide")
+    st.set_page_config(page_title="Precision Lab", page_icon=":material/speed:", layout="wide")
     pages = [st.Page(path, title=title, icon=icon, default=(path == "pages/launch.py"))
              for path, title, icon in PAGES if (_ROOT / path).exists()]
     navigation = st.navigation(pages)
@@ -55,5 +55,5 @@ def device_card() -> None:
             st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
             with st.expander("What each precision mode means here", expanded=False):
                 for mode, support in dev.modes.items():
-                    st.markdown(f"{MODE_ICONS[support.status]} **{mode}** "
+                    st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))} "
                                 f"({support.status}): {support.reason}")

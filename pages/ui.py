@@ -22,11 +22,16 @@ from engine.store import Store, StoreError
 # shows exactly the figure the layout tests and the HTML report have.
 pio.templates.default = PLOT_TEMPLATE
 
-STATUS_ICONS = {
-    "queued": "⏳", "running": "▶️", "finished": "✅", "failed": "❌",
-    "stopped": "⏹️", "diverged": "💥", "oom": "🧱",
+# Status as a word with a colour (Streamlit's Markdown colours), never a glyph: an emoji is
+# an empty box on a machine without an emoji font. Tables and select boxes show the word.
+STATUS_COLOURS = {
+    "queued": "gray", "running": "blue", "finished": "green", "failed": "red",
+    "stopped": "orange", "diverged": "red", "oom": "red",
 }
-MODE_ICONS = {"native": "🟢", "emulated": "🟡", "unsupported": "⛔"}
+MODE_COLOURS = {"native": "green", "emulated": "orange", "unsupported": "red"}
+# Tensor-Core verdicts ("yes" / "partly" / "no") and CPU verdict tones
+VERDICT_COLOURS = {"yes": "green", "partly": "orange", "no": "red", "native": "green",
+                   "neutral": "gray"}
 LIVE_RUN_KEY = "live_run_id"
 SHELL_KEY = "_app_shell_drawn"
 
@@ -134,7 +139,18 @@ def show_caveat(caveat: dict) -> None:
 
 
 def status_badge(status: str) -> str:
-    return f"{STATUS_ICONS.get(status, '•')} {status}"
+    """The status as plain words, for tables and select boxes (which draw no colour)."""
+    return str(status)
+
+
+def coloured(word: str, colour: str | None) -> str:
+    """`word` in a Markdown colour (`word` is ours: a status, a mode's support)."""
+    return f":{colour}[**{word}**]" if colour else f"**{word}**"
+
+
+def status_words(status: str) -> str:
+    """The status in its colour, for Markdown."""
+    return coloured(status, STATUS_COLOURS.get(status))
 
 
 def fmt_bytes(value) -> str:

@@ -213,7 +213,7 @@ def test_launch_from_the_form_watch_the_loss_chart_grow_then_stop(server, page, 
     wait_app_idle(page, timeout_s=5, required=False)  # between two timer ticks, if we can
     screenshot(page, "live.png", tmp_path)
 
-    page.get_by_role("button", name="⏹ Stop run").click()
+    page.get_by_role("button", name="Stop run").click()
     clicked = time.monotonic()
     page.get_by_text("stopped by request").first.wait_for(timeout=10_000)
     wait_for(lambda: status_of(store, run_id) == "stopped", 10 - (time.monotonic() - clicked),
@@ -221,7 +221,7 @@ def test_launch_from_the_form_watch_the_loss_chart_grow_then_stop(server, page, 
     assert time.monotonic() - clicked < 10
     assert not worker_processes(run_id), "a worker outlived the Stop button"
     # The ended run: no Stop button, no refresh timer, the curve kept.
-    page.get_by_role("button", name="⏹ Stop run").wait_for(state="detached", timeout=10_000)
+    page.get_by_role("button", name="Stop run").wait_for(state="detached", timeout=10_000)
     assert chart_points(page, "Loss") >= later
     assert_page_healthy(page, "Live after stop")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -443,3 +444,23 @@ def test_the_fast_tier_reaches_every_engine_module():
                 pending.append(parent)  # importing a submodule runs its package
     missing = sorted(set(MODULES) - reached - {"engine.__main__"})
     assert missing == [], "no fast test imports these: " + ", ".join(missing)
+
+
+def test_the_shipped_server_config_watches_no_files():
+    import tomllib
+
+    config = tomllib.loads((REPO_ROOT / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    assert config["server"]["fileWatcherType"] == "none"
+    assert config["server"]["runOnSave"] is False
+
+
+# Emoji and symbol blocks: without an emoji font they are empty boxes (status words instead).
+_GLYPHS = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\u23E9-\u23FA]")
+
+
+def test_pages_draw_no_emoji_glyph():
+    found = [f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()[:80]}"
+             for path in [*PAGE_FILES, REPO_ROOT / "app.py"]
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if _GLYPHS.search(line)]
+    assert found == []

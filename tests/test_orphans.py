@@ -182,3 +182,23 @@ def test_a_standby_stalled_past_the_hand_off_never_trains_the_run_twice(store, w
     assert frame["wall_time_s"].is_monotonic_increasing  # never two trainers' rows mixed
     log = (store.run_dir(run_id) / "worker.log").read_text()
     assert log.count("finished after") == 1, log[-3000:]
+
+
+@pytest.mark.timeout(150)
+def test_a_finished_runs_supervisor_is_reaped_by_the_process_that_launched_it(store, wait_for,
+                                                                               no_standby):
+    """The Streamlit server launches supervisors and never waits for them: without a reaper
+    each ended one stays a zombie under it (seen: every finished run's supervisor)."""
+    run_id = launch(RunConfig(model="mlp", size="tiny", steps=5, profile=False, device="cpu"),
+                    store=store)
+    wait_for(lambda: store.get_run(run_id).pid, 30, message="the supervisor's pid")
+    pid = store.get_run(run_id).pid
+    wait_for(lambda: store.get_run(run_id).status == "finished", 90, message=f"run {run_id} to end")
+
+    def reaped() -> bool:  # a zombie is still a process: only a reaped pid is gone
+        return not psutil.pid_exists(pid)
+
+    wait_for(reaped, 10, message=lambda: f"supervisor {pid} to be reaped, not left a zombie")
+    zombies = [child.pid for child in psutil.Process().children()
+               if child.status() == psutil.STATUS_ZOMBIE]
+    assert zombies == []

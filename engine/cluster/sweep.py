@@ -38,7 +38,7 @@ from engine.config import (
     choices,
 )
 from engine.presets import check_all, launch_many
-from engine.proc import PROJECT_ROOT, process_create_time
+from engine.proc import PROJECT_ROOT, process_create_time, reap_when_done
 from engine.run.launcher import reconcile, stop
 from engine.schema import (
     DRIVER_LOG,
@@ -223,6 +223,7 @@ def start_driver(sweep_id: str, store: Store) -> int:
             [sys.executable, "-m", "engine.cluster.ray_driver", sweep_id],  # an argument list: no shell
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=str(PROJECT_ROOT), env=env, start_new_session=True, close_fds=True)
+    reap_when_done(proc, "ray-driver")
     created = process_create_time(proc.pid)
     store.set_sweep_driver(sweep_id, proc.pid, created)
     for run_id in store.get_sweep(sweep_id).run_ids:

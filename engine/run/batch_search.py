@@ -39,6 +39,7 @@ from engine.proc import (
     is_alive,
     open_private_log,
     process_create_time,
+    reap_when_done,
 )
 from engine.store import RunNotFound, Store
 
@@ -213,6 +214,7 @@ def start_batch_search(store: Store, run_id: str, max_batch: int = 4096,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=str(PROJECT_ROOT), env=child_env(store.home), start_new_session=True,
             close_fds=True)
+    reap_when_done(proc, "batch-search")
     return _update_state(state_path, pid=proc.pid,
                          pid_create_time=process_create_time(proc.pid)) or {}
 

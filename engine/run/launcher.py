@@ -26,6 +26,7 @@ from engine.proc import (
     kill_if_ours,
     open_private_log,
     process_create_time,
+    reap_when_done,
     signal_group,
 )
 from engine.run import standby
@@ -55,6 +56,7 @@ def start_worker(run_id: str, store: Store) -> int:
             cwd=str(PROJECT_ROOT), env=child_env(store.home), start_new_session=True,
             close_fds=True)
     store.update_run(run_id, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
+    reap_when_done(proc, "worker")
     return proc.pid
 
 

@@ -47,7 +47,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,7 @@ from engine.proc import (
     make_private,
     open_private_log,
     process_create_time,
+    reap_when_done,
 )
 from engine.schema import STANDBY_LOG, STANDBY_STARTING, STANDBY_WANTED, WORKER_LOG
 from engine.store import Store, validate_run_id
@@ -255,9 +255,7 @@ def ensure(store: Store) -> int | None:
     with contextlib.suppress(OSError):  # lets a second caller see this one is on its way
         _write_json(store.home / STANDBY_STARTING,
                     {"pid": proc.pid, "create_time": process_create_time(proc.pid)})
-    # A long-lived parent (the Streamlit server) must wait for its standby when it exits,
-    # or the finished standby stays a zombie under the server: a thread does the wait.
-    threading.Thread(target=proc.wait, name=f"reap-standby-{proc.pid}", daemon=True).start()
+    reap_when_done(proc, "standby")
     return proc.pid
 
 
