@@ -28,7 +28,8 @@ from engine.analysis.speedup import (
 )
 from engine.cli.speedup import format_result
 from engine.config import ConfigError, RunConfig
-from engine.training.speedup import measure_speedup, mode_labels
+from engine.analysis.speedup import mode_labels
+from engine.training.speedup import measure_speedup
 
 
 def _noisy(base_ms: float, rounds: int, seed: int, drift: list[float]) -> list[float]:

@@ -47,6 +47,15 @@ EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here
 _Z_975 = 1.959963984540054
 
 
+def mode_labels(modes: list[str]) -> list[str]:
+    """Unique labels; a mode listed twice (an A/A check of the method) gets ' (2)'."""
+    labels, seen = [], {}
+    for mode in modes:
+        seen[mode] = seen.get(mode, 0) + 1
+        labels.append(mode if seen[mode] == 1 else f"{mode} ({seen[mode]})")
+    return labels
+
+
 def _signed_rank_counts(n: int) -> list[int]:
     """counts[w] = how many of the 2**n sign patterns of ranks 1..n give W+ = w."""
     counts = [1]

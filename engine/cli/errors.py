@@ -12,6 +12,8 @@ import copy
 import re
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
+# `speedup --require`: no requirement failed, yet one could not be judged (busy, too wide)
+EXIT_INCONCLUSIVE = 3
 
 _FLAG_ALIASES = {"grad_scaler_init_scale": "--init-scale",
                  "grad_scaler_growth_interval": "--growth-interval"}

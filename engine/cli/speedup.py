@@ -15,7 +15,17 @@ import sys
 import time
 from typing import Any
 
-from engine.analysis.speedup import CLAIMS, excludes_one, judge
+from engine.analysis.gate import (
+    MEMORY,
+    SPEED,
+    Requirement,
+    RequirementError,
+    check_modes,
+    gate,
+    gate_lines,
+    parse_requirement,
+)
+from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
 from engine.run.launcher import reconcile, stop
@@ -35,6 +45,13 @@ def add_subparsers(sub) -> None:
     parser.add_argument("--target-pct", dest="target_pct", type=typed(float, "--target-pct"),
                         default=None, help="stop once every interval is within this %% of its "
                                            "speedup (default 3)")
+    parser.add_argument("--require", action="append", default=[], metavar="MODE>=RATIO",
+                        help="a CI gate: exit 0 only if the 95 %% interval's lower end of MODE's "
+                             "speedup clears RATIO (e.g. 'bf16-amp>=1.3'), 1 if the whole "
+                             "interval misses it, 3 if inconclusive (busy, too wide); repeatable")
+    parser.add_argument("--require-mem", action="append", default=[], metavar="MODE<=RATIO",
+                        help="a CI gate on peak memory over the baseline's (e.g. "
+                             "'bf16-amp<=0.8'); repeatable")
     _add_config_options(parser)
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     parser.set_defaults(func=cmd_speedup, from_run=None)
@@ -62,8 +79,20 @@ def speedup_config(args: argparse.Namespace):
     return config_from_args(args)
 
 
+def requirements_of(args: argparse.Namespace, labels: list[str]) -> list[Requirement]:
+    """The gate's requirements, read and checked against the check's modes before it runs."""
+    try:
+        requirements = ([parse_requirement(text, SPEED) for text in args.require]
+                        + [parse_requirement(text, MEMORY) for text in args.require_mem])
+        check_modes(requirements, labels)
+    except RequirementError as exc:
+        raise UsageError(str(exc)) from None
+    return requirements
+
+
 def cmd_speedup(args: argparse.Namespace) -> int:
     cfg = speedup_config(args)
+    requirements = requirements_of(args, mode_labels(cfg.speedup_mode_list))
     store = Store()
     run_id = _launch_checked(cfg, store)
     print(f"speedup check {run_id}: {', '.join(cfg.speedup_mode_list)} on {cfg.model_label} "
@@ -74,8 +103,13 @@ def cmd_speedup(args: argparse.Namespace) -> int:
         print(f"\nstopping speedup check {run_id} ...", file=sys.stderr)
         run = stop(run_id, store)
     result = check_result(run_id, store)
+    if requirements and run.status == FINISHED:
+        result["gate"] = gate(requirements, result)
+        print("\n".join(gate_lines(result["gate"])), file=sys.stderr)
     print(json.dumps(result) if args.json else format_result(result))
-    return EXIT_OK if run.status == FINISHED else EXIT_RUN_FAILED
+    if run.status != FINISHED:
+        return EXIT_RUN_FAILED
+    return result["gate"]["exit_code"] if requirements else EXIT_OK
 
 
 def _follow(run_id: str, store: Store):

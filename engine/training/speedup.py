@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.analysis.speedup import MIN_ROUNDS, summarise, widest_half_width_pct
+from engine.analysis.speedup import MIN_ROUNDS, mode_labels, summarise, widest_half_width_pct
 from engine.config import RunConfig
 from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
 
@@ -43,15 +43,6 @@ BLOCK_STEPS_MIN = 2
 BLOCK_STEPS_MAX = 200
 MAX_ROUNDS = 400
 ORDER_SEED_OFFSET = 7919  # the round order's draw: its own stream, apart from the data's
-
-
-def mode_labels(modes: list[str]) -> list[str]:
-    """Unique labels; a mode listed twice (an A/A check of the method) gets ' (2)'."""
-    labels, seen = [], {}
-    for mode in modes:
-        seen[mode] = seen.get(mode, 0) + 1
-        labels.append(mode if seen[mode] == 1 else f"{mode} ({seen[mode]})")
-    return labels
 
 
 def _sync(device: torch.device) -> None:
