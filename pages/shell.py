@@ -55,5 +55,5 @@ def device_card() -> None:
             st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
             with st.expander("What each precision mode means here", expanded=False):
                 for mode, support in dev.modes.items():
-                    st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))} "
-                                f"({support.status}): {support.reason}")
+                    st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))}: "
+                                f"{support.reason}")
