@@ -8,11 +8,13 @@ all use these; none of them may import torch for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -114,6 +116,79 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         pass
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants: a workload's child that
+    double-forks or whose parent exits is re-parented here, not to init, so the trainer
+    can still find and end it (end_descendants). False where Linux does not offer it."""
+    try:
+        import ctypes  # Linux's prctl, as in die_with_parent
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return False
+
+
+def end_descendants(grace_s: float = 2.0, spare: Callable[[psutil.Process], bool] | None = None
+                    ) -> list[str]:
+    """End every process this one started, directly or not (fork, multiprocessing, Popen,
+    setsid'd ones included: setsid changes the session, not the parent): SIGTERM, SIGKILL
+    after `grace_s`, then reap. `spare(proc)` keeps a process and everything under it (the
+    supervisor spares the app's standby). Returns "pid name" of each, for the run's log."""
+    me = psutil.Process()
+    ended: list[str] = []
+    for _ in range(3):  # a dying parent hands its own children to us (subreaper): look again
+        procs = _descendants(me, spare)
+        if not procs:
+            break
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                ended.append(f"{proc.pid} {proc.name()}")
+                proc.terminate()
+        _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+    _reap_orphans()
+    return list(dict.fromkeys(ended))
+
+
+def _descendants(me: psutil.Process, spare) -> list[psutil.Process]:
+    found, pending = [], list(me.children())
+    while pending:
+        proc = pending.pop()
+        try:
+            if spare is not None and spare(proc):
+                continue
+            found.append(proc)
+            pending += proc.children()
+        except psutil.Error:
+            continue
+    return found
+
+
+def is_standby(proc: psutil.Process) -> bool:
+    """The app's pre-started trainer (engine.run.standby): a supervisor never ends it."""
+    try:
+        return "engine.run.standby" in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of re-parented descendants that ended (no zombies left)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def child_setup(parent_pid: int, cap_mb: int = 0):

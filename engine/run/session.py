@@ -28,6 +28,7 @@ from engine.config import COMPUTE_DTYPES, Precision, RunConfig
 from engine.hardware.contention import logical_cores
 from engine.hardware.devices import EMULATED, get_device, mode_support
 from engine.hardware.peaks import note_achieved, peak_for
+from engine.proc import become_subreaper, end_descendants
 from engine.schema import (
     DIVERGED,
     FAILED,
@@ -455,7 +456,13 @@ def run_trainer(run_id: str, store: Store) -> int:
         telemetry=lambda rows: store.write_telemetry(run_id, rows),
         should_stop=lambda: stop.requested, run_dir=store.run_dir(run_id),
         on_window=window_handler(store, run_id, run.device_key))
+    become_subreaper()  # before the workload builds: its orphans come back to us
     outcome = run_session(spec, close_metrics=buffer.close)
+    # Before the status is recorded: once a run has ended, no process of it is left.
+    leftovers = end_descendants()
+    if leftovers:
+        print(f"[trainer] run {run_id}: ended {len(leftovers)} process(es) the workload "
+              f"left running: {', '.join(leftovers[:10])}", flush=True)
     if not store.holds_claim(run_id, token):  # lost it meanwhile: the run is not ours to end
         print(f"[trainer] run {run_id}: no longer this trainer's; not recording", flush=True)
         return 0

@@ -53,8 +53,10 @@ from typing import Any
 
 from engine.proc import (
     PROJECT_ROOT,
+    become_subreaper,
     child_env,
     die_with_parent,
+    end_descendants,
     is_alive,
     make_private,
     open_private_log,
@@ -323,6 +325,7 @@ def serve(home: Path) -> int:
     """Listen until a run arrives, train it in a forked child, report, exit."""
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
+    become_subreaper()  # a trainer killed mid-run hands its workload's children to us
     _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -397,6 +400,10 @@ def _run_forked(conn: socket.socket, run_id: str, home: Path) -> int:
     print(f"[standby {os.getpid()}] run {run_id}: trainer pid {pid}", flush=True)
     _send(conn, {"pid": pid})
     returncode = _watch_child(conn, pid)
+    leftovers = end_descendants()  # what a trainer that died abruptly could not end
+    if leftovers:
+        print(f"[standby {os.getpid()}] run {run_id}: ended {len(leftovers)} leftover "
+              f"process(es): {', '.join(leftovers[:10])}", flush=True)
     with contextlib.suppress(OSError):
         _send(conn, {"returncode": returncode})
     conn.close()

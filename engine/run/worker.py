@@ -19,8 +19,11 @@ import sys
 import time
 
 from engine.proc import (
+    become_subreaper,
     cgroup_oom_kills,
     child_setup,
+    end_descendants,
+    is_standby,
     memory_cap,
     process_create_time,
     sigkill_cause,
@@ -54,6 +57,7 @@ def supervise(run_id: str, store: Store) -> int:
 
 
 def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
+    become_subreaper()  # a trainer that dies abruptly hands its workload's children to us
     store.update_run(run_id, pid=os.getpid(), pid_create_time=process_create_time(os.getpid()))
     config_error = store.get_run(run_id).config_error
     if config_error:  # never train defaults in place of a config that does not parse
@@ -72,6 +76,7 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
     if run.config.nprocs > 1:  # torchrun and its ranks: engine/run/torchrun.py
         supervise_distributed(run, store, stop, memory_cap(
             run.config.memory_cap_mb if run.device_key == "cpu" else 0))
+        _end_leftovers(run_id)
         return 0
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
@@ -81,6 +86,7 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
                      train_pid_create_time=process_create_time(child.pid))
     used_standby = isinstance(child, standby.StandbyTrainer)
     return_code = _wait_child(child, stop, on_stop=lambda: standby.keep(store))
+    _end_leftovers(run_id)  # before the status: a run that has ended has no process left
     _record_exit(store, run_id, return_code, stop.requested, oom_kills_before)
     if used_standby:
         # This run used up a standby that someone started (the app, `engine standby
@@ -88,6 +94,15 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
         # daemon behind.
         _replace_standby(store)
     return 0
+
+
+def _end_leftovers(run_id: str) -> None:
+    """End what the trainer left (it ends its workload's processes itself, unless it was
+    killed); the app's standby, also a child of this process, is spared."""
+    leftovers = end_descendants(spare=is_standby)
+    if leftovers:
+        print(f"[supervisor] run {run_id}: ended {len(leftovers)} leftover process(es): "
+              f"{', '.join(leftovers[:10])}", flush=True)
 
 
 def _start_trainer(run_id: str, run, store: Store):
