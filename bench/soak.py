@@ -1,6 +1,6 @@
 """Soak: short runs with random SIGKILLs of the supervisor, the standby or the trainer.
 
-    python -m bench.soak [--runs 30] [--seed 0] [--json]
+    python -m bench.soak [--runs 30] [--seed 0] [--forking] [--json]
 
 Each run (mlp-tiny, CPU) is launched as the app launches it, with a standby trainer
 ready when one is; after a random 0.3-2.5 s one of its processes is SIGKILLed (or none,
@@ -10,7 +10,8 @@ one run in five). Then, after every run has ended:
   - no metric row was added after a run's final status (counted at the final status and
     again at the end);
   - no run holds rows of two trainers (wall_time_s rises with the step).
-Exit 0 when every check holds. The last stdout line with --json is one JSON object.
+With --forking each run's workload starts children in build() (an os.fork, a setsid'd
+Popen and a double-forked daemon), which must be gone too. Exit 0 when every check holds. The last stdout line with --json is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,14 +35,47 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--forking", action="store_true",
+                        help="workloads that start child processes in build()")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="precision-lab-soak-") as tmp:
         os.environ["PRECISION_LAB_HOME"] = str(Path(tmp) / "home")
         os.environ["PRECISION_LAB_STANDBY"] = "1"
-        result = soak(Path(tmp) / "home", args.runs, random.Random(args.seed))
+        workload = _forking_workload(Path(tmp)) if args.forking else None
+        result = soak(Path(tmp) / "home", args.runs, random.Random(args.seed), workload)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0 if result["ok"] else 1
+
+
+FORKING_WORKLOAD = '''
+"""A workload whose build() leaves processes behind unless the run ends them."""
+import os, subprocess, time
+import torch
+from torch import nn
+from engine.workloads import Workload
+
+
+def build(cfg):
+    if os.fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    subprocess.Popen(["sleep", "600"], start_new_session=True)
+    if os.fork() == 0:  # a daemon: fork, setsid, fork, the middle one exits
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    return Workload(model=nn.Linear(16, 4),
+                    batches=lambda step: (torch.randn(cfg.batch_size, 16),
+                                          torch.randint(0, 4, (cfg.batch_size,))))
+'''
+
+
+def _forking_workload(folder: Path) -> Path:
+    path = folder / "forking_workload.py"
+    path.write_text(FORKING_WORKLOAD)
+    return path
 
 
 def _processes_of(home: Path) -> list[psutil.Process]:
@@ -90,7 +124,7 @@ def _final_status_bound_s() -> float:
     return FINAL_STATUS_WAIT_S * min(5.0, max(1.0, load_per_core))
 
 
-def soak(home: Path, runs: int, rng: random.Random) -> dict:
+def soak(home: Path, runs: int, rng: random.Random, workload: Path | None = None) -> dict:
     from engine.config import RunConfig
     from engine.run import standby
     from engine.run.launcher import launch, reconcile
@@ -100,6 +134,8 @@ def soak(home: Path, runs: int, rng: random.Random) -> dict:
     store = Store(home)
     cfg = RunConfig(model="mlp", size="tiny", batch_size=8, steps=3000, profile=False,
                     device="cpu", warmup_steps=1)
+    if workload is not None:
+        cfg = cfg.replace(model="custom", workload=str(workload))
     killed: dict[str, int] = {victim: 0 for victim in VICTIMS}
     rows_at_final: dict[str, int] = {}
     not_ended: list[str] = []
@@ -152,7 +188,8 @@ def soak(home: Path, runs: int, rng: random.Random) -> dict:
         if len(frame) and not frame["wall_time_s"].is_monotonic_increasing:
             mixed.append(run_id)
     ok = not leftovers and not active and not late_rows and not mixed and not not_ended
-    return {"benchmark": "soak", "ok": ok, "runs": runs, "killed": killed,
+    return {"benchmark": "soak", "ok": ok, "runs": runs, "forking": workload is not None,
+            "killed": killed,
             "runs_without_final_status": not_ended,
             "orphan_processes": leftovers, "runs_left_active": active,
             "rows_after_final_status": late_rows, "runs_with_two_trainers": mixed,

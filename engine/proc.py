@@ -18,7 +18,7 @@ from typing import Callable
 
 import psutil
 
-from engine.schema import HOME_ENV
+from engine.schema import HOME_ENV, RUN_ID_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +33,8 @@ def child_env(home: Path) -> dict[str, str]:
     """The environment of the processes a run uses (worker, standby trainer)."""
     env = dict(os.environ)
     env[HOME_ENV] = str(home)
+    # A supervisor's own run id stays its own: a standby it starts serves the next run.
+    env.pop(RUN_ID_ENV, None)
     # The worker imports `engine` from this checkout whatever the caller's cwd is.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -170,6 +172,56 @@ def _descendants(me: psutil.Process, spare) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+PR_SET_NAME = 15  # linux/prctl.h
+
+
+def trainer_name(run_id: str) -> str:
+    """The process name (comm, at most 15 bytes) of a standby's trainer for this run."""
+    return f"pl-{run_id[-10:]}"
+
+
+def set_process_name(name: str) -> None:
+    """Set this process's comm (`ps`, psutil's name()); fork children inherit it, exec
+    replaces it. Linux only."""
+    try:
+        import ctypes  # Linux's prctl, as in die_with_parent
+
+        comm = ctypes.c_char_p(name.encode()[:15])
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, comm, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def processes_of_run(home: Path, run_id: str) -> list[psutil.Process]:
+    """Live processes left of a run whose trainer was killed: those whose environment names
+    this run and data directory (a fresh trainer's, inherited by all its workload starts,
+    setsid'd ones too), and those that still carry a standby trainer's name for the run
+    with this data directory's command line (forked with no exec, a standby trainer's
+    children keep its name; the run's environment is not in their /proc environ). Reads
+    every process's environment: called only for a run that has ended."""
+    found, name = [], trainer_name(run_id)
+    for proc in psutil.process_iter(["pid", "status", "cmdline", "name"]):
+        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        forked = proc.info["name"] == name and str(home) in (proc.info["cmdline"] or [])
+        if forked or (env.get(RUN_ID_ENV) == run_id and env.get(HOME_ENV) == str(home)):
+            found.append(proc)
+    return found
+
+
+def kill_processes_of_run(home: Path, run_id: str) -> int:
+    """SIGKILL what is left of a run (processes_of_run); how many there were."""
+    leftovers = processes_of_run(home, run_id)
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return len(leftovers)
 
 
 def is_standby(proc: psutil.Process) -> bool:

@@ -62,6 +62,9 @@ KERNEL_COLUMNS = (
 
 # -- the data directory -----------------------------------------------------------------
 HOME_ENV = "PRECISION_LAB_HOME"  # where the store lives; default ./.precision_lab
+# Set for a run's supervisor and trainer, inherited by every process its workload starts:
+# how reconcile finds what a killed run left behind (engine.proc.processes_of_run).
+RUN_ID_ENV = "PRECISION_LAB_RUN_ID"
 
 # -- files of a run directory (runs/<id>/) and of the data directory ---------------------
 RUNS_DIRNAME = "runs"                      # <data dir>/runs/<run id>/

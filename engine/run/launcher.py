@@ -24,6 +24,7 @@ from engine.proc import (
     group_alive,
     is_alive,
     kill_if_ours,
+    kill_processes_of_run,
     open_private_log,
     process_create_time,
     reap_when_done,
@@ -31,7 +32,7 @@ from engine.proc import (
 )
 from engine.run import standby
 from engine.run.ranks import live_rank_pids, signal_rank_processes
-from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, RUNNING, STOPPED, WORKER_LOG
+from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, RUN_ID_ENV, RUNNING, STOPPED, WORKER_LOG
 from engine.store import RunRecord, Store
 
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long: a stop finishes within ~5 s
@@ -53,8 +54,8 @@ def start_worker(run_id: str, store: Store) -> int:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.run.worker", run_id],  # an argument list: no shell
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=str(PROJECT_ROOT), env=child_env(store.home), start_new_session=True,
-            close_fds=True)
+            cwd=str(PROJECT_ROOT), env={**child_env(store.home), RUN_ID_ENV: run_id},
+            start_new_session=True, close_fds=True)
     store.update_run(run_id, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
     reap_when_done(proc, "worker")
     return proc.pid
@@ -80,6 +81,7 @@ def reconcile(store: Store) -> list[str]:
             # Its trainer dies with the supervisor (PR_SET_PDEATHSIG); should one survive
             # anyway (another OS, a race), it is ended here: it trains for a failed run.
             kill_if_ours(run.train_pid, run.train_pid_create_time)
+            kill_processes_of_run(store.home, run.id)  # what its workload started
             if run.config.nprocs > 1:  # ranks live in their own sessions: end them too
                 _signal_run(store, run, signal.SIGKILL)
     if failed:

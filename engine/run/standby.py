@@ -62,8 +62,10 @@ from engine.proc import (
     open_private_log,
     process_create_time,
     reap_when_done,
+    set_process_name,
+    trainer_name,
 )
-from engine.schema import STANDBY_LOG, STANDBY_STARTING, STANDBY_WANTED, WORKER_LOG
+from engine.schema import RUN_ID_ENV, STANDBY_LOG, STANDBY_STARTING, STANDBY_WANTED, WORKER_LOG
 from engine.store import Store, validate_run_id
 
 ENABLE_ENV = "PRECISION_LAB_STANDBY"
@@ -421,6 +423,10 @@ def _child_main(run_id: str, home: Path) -> int:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        # Marks inherited by what the workload starts, so reconcile and the supervisor find
+        # it after a kill: the environment (for what it execs), the name (what it forks).
+        os.environ[RUN_ID_ENV] = run_id
+        set_process_name(trainer_name(run_id))
         print(f"[trainer] run {run_id}: started by standby {os.getppid()}", flush=True)
         from engine.run.session import run_trainer  # the forked child trains: torch is loaded
 

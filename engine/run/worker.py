@@ -24,6 +24,7 @@ from engine.proc import (
     child_setup,
     end_descendants,
     is_standby,
+    kill_processes_of_run,
     memory_cap,
     process_create_time,
     sigkill_cause,
@@ -76,7 +77,7 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
     if run.config.nprocs > 1:  # torchrun and its ranks: engine/run/torchrun.py
         supervise_distributed(run, store, stop, memory_cap(
             run.config.memory_cap_mb if run.device_key == "cpu" else 0))
-        _end_leftovers(run_id)
+        _end_leftovers(store, run_id)
         return 0
     print(f"[supervisor] run {run_id}: device {run.device_key} claimed, starting trainer",
           flush=True)
@@ -86,7 +87,8 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
                      train_pid_create_time=process_create_time(child.pid))
     used_standby = isinstance(child, standby.StandbyTrainer)
     return_code = _wait_child(child, stop, on_stop=lambda: standby.keep(store))
-    _end_leftovers(run_id)  # before the status: a run that has ended has no process left
+    # before the status: a run that has ended has no process left
+    _end_leftovers(store, run_id)
     _record_exit(store, run_id, return_code, stop.requested, oom_kills_before)
     if used_standby:
         # This run used up a standby that someone started (the app, `engine standby
@@ -96,13 +98,15 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
     return 0
 
 
-def _end_leftovers(run_id: str) -> None:
+def _end_leftovers(store: Store, run_id: str) -> None:
     """End what the trainer left (it ends its workload's processes itself, unless it was
-    killed); the app's standby, also a child of this process, is spared."""
+    killed): this process's descendants but the app's standby, and what carries the run's
+    marks (engine.proc.processes_of_run)."""
     leftovers = end_descendants(spare=is_standby)
-    if leftovers:
-        print(f"[supervisor] run {run_id}: ended {len(leftovers)} leftover process(es): "
-              f"{', '.join(leftovers[:10])}", flush=True)
+    others = kill_processes_of_run(store.home, run_id)
+    if leftovers or others:
+        print(f"[supervisor] run {run_id}: ended {len(leftovers) + others} leftover "
+              f"process(es) {', '.join(leftovers[:10])}", flush=True)
 
 
 def _start_trainer(run_id: str, run, store: Store):
