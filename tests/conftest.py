@@ -307,3 +307,26 @@ def finish_cli() -> Callable[..., subprocess.CompletedProcess]:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     return finish
+
+
+# ---------------------------------------------------------------------------------------
+# a ready standby trainer
+
+
+@pytest.fixture
+def ready_standby(store, monkeypatch, wait_for):
+    """A listening standby for this test's store; at teardown it and any successor end."""
+    import psutil
+
+    from engine.run import standby
+
+    monkeypatch.setenv(standby.ENABLE_ENV, "1")
+    standby.ensure(store)
+    pid = wait_for(lambda: standby.ping(store.home), 60, interval_s=0.2,
+                   message="the standby to listen")
+    yield pid
+    standby.shutdown(store.home)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "engine.run.standby" in cmdline and str(store.home) in cmdline:
+            proc.kill()

@@ -54,20 +54,6 @@ def no_standby(monkeypatch):
     monkeypatch.setenv(standby.ENABLE_ENV, "0")
 
 
-@pytest.fixture
-def ready_standby(store, monkeypatch, wait_for):
-    monkeypatch.setenv(standby.ENABLE_ENV, "1")
-    standby.ensure(store)
-    pid = wait_for(lambda: standby.ping(store.home), 60, interval_s=0.2,
-                   message="the standby to listen")
-    yield pid
-    standby.shutdown(store.home)
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "engine.run.standby" in cmdline and str(store.home) in cmdline:
-            proc.kill()
-
-
 @pytest.mark.timeout(150)
 def test_sigkill_of_the_supervisor_ends_its_fresh_trainer(store, wait_for, no_standby):
     run_id = launch(LONG, store)

@@ -16,7 +16,6 @@ import psutil
 import pytest
 
 from engine.config import RunConfig
-from engine.run import standby
 from engine.run.launcher import launch
 from engine.schema import FINAL_STATUSES
 
@@ -121,26 +120,16 @@ def test_a_fresh_trainers_workload_children_end_with_the_run(store, tmp_path, wa
 
 @pytest.mark.timeout(240)
 def test_a_standby_trainers_workload_children_end_with_the_run(store, tmp_path, wait_for,
-                                                              monkeypatch):
-    monkeypatch.setenv(standby.ENABLE_ENV, "1")
-    standby.ensure(store)
-    wait_for(lambda: standby.ping(store.home), 60, interval_s=0.2, message="the standby")
-    try:
-        path, pids = _workload(tmp_path)
-        run_id = launch(RunConfig(model="custom", workload=str(path), steps=5, batch_size=4,
-                                  profile=False, device="cpu"), store=store)
-        run = _final(store, run_id, wait_for)
-        assert run.status == "finished"
-        _assert_none_alive(_children_of(pids, wait_for))
-        assert "from the standby" in (store.run_dir(run_id) / "worker.log").read_text()
-        # The supervisor leaves a successor standby as it exits: let it, then end both.
-        wait_for(lambda: not _alive(run.pid), 30, message="the supervisor to exit")
-    finally:
-        standby.shutdown(store.home)
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if "engine.run.standby" in cmdline and str(store.home) in cmdline:
-                proc.kill()
+                                                              ready_standby):
+    path, pids = _workload(tmp_path)
+    run_id = launch(RunConfig(model="custom", workload=str(path), steps=5, batch_size=4,
+                              profile=False, device="cpu"), store=store)
+    run = _final(store, run_id, wait_for)
+    assert run.status == "finished"
+    _assert_none_alive(_children_of(pids, wait_for))
+    assert "from the standby" in (store.run_dir(run_id) / "worker.log").read_text()
+    # The supervisor leaves a successor standby as it exits: let it, then the fixture ends both.
+    wait_for(lambda: not _alive(run.pid), 30, message="the supervisor to exit")
 
 
 @pytest.mark.timeout(180)
