@@ -16,7 +16,7 @@ from engine.config import RunConfig
 from engine.proc import kill_if_ours, process_create_time
 from engine.run import standby
 from engine.run.launcher import launch, reconcile
-from engine.schema import FAILED, RUNNING
+from engine.schema import FAILED, RUNNING, STANDBY_LOG
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_workers")]
 
@@ -168,6 +168,15 @@ def test_a_standby_stalled_past_the_hand_off_never_trains_the_run_twice(store, w
     assert frame["wall_time_s"].is_monotonic_increasing  # never two trainers' rows mixed
     log = (store.run_dir(run_id) / "worker.log").read_text()
     assert log.count("finished after") == 1, log[-3000:]
+    # The resumed standby finds the supervisor gone and says so in one line, not a
+    # BrokenPipeError traceback, and ends (it forked no trainer for nobody).
+    standby_log = store.home / STANDBY_LOG
+    wait_for(lambda: "stopped waiting for the hand-off" in standby_log.read_text(), 30,
+             message=lambda: f"the standby's line; its log: {standby_log.read_text()[-2000:]}")
+    assert "Traceback" not in standby_log.read_text(), standby_log.read_text()[-3000:]
+    wait_for(lambda: not psutil.pid_exists(ready_standby)
+             or psutil.Process(ready_standby).status() == psutil.STATUS_ZOMBIE, 30,
+             message="the stalled standby to exit")
 
 
 @pytest.mark.timeout(150)

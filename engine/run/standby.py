@@ -392,6 +392,11 @@ def _accept_request(conn: socket.socket, listener: socket.socket) -> str | None:
 
 def _run_forked(conn: socket.socket, run_id: str, home: Path) -> int:
     standby_pid = os.getpid()
+    if _peer_gone(conn):  # stalled past hand_off's wait: the supervisor started its own
+        print(f"[standby {standby_pid}] run {run_id}: the supervisor stopped waiting for "
+              "the hand-off; its own trainer has the run, exiting", flush=True)
+        conn.close()
+        return 0
     pid = os.fork()
     if pid == 0:  # the trainer: the supervisor's connection belongs to the standby alone
         # Dies with the standby: a SIGKILLed standby must not leave its trainer behind
@@ -400,7 +405,14 @@ def _run_forked(conn: socket.socket, run_id: str, home: Path) -> int:
         conn.close()
         os._exit(_child_main(run_id, home))
     print(f"[standby {os.getpid()}] run {run_id}: trainer pid {pid}", flush=True)
-    _send(conn, {"pid": pid})
+    try:
+        _send(conn, {"pid": pid})
+    except OSError:  # the supervisor gave up between the check above and now
+        _end_child(pid)
+        print(f"[standby {standby_pid}] run {run_id}: the supervisor stopped waiting for "
+              f"the hand-off; ended trainer pid {pid}, exiting", flush=True)
+        conn.close()
+        return 0
     returncode = _watch_child(conn, pid)
     leftovers = end_descendants()  # what a trainer that died abruptly could not end
     if leftovers:
@@ -447,12 +459,25 @@ def _watch_child(conn: socket.socket, pid: int) -> int:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
-        ready, _, _ = select.select([conn], [], [], 0.1)
-        if ready and not conn.recv(1, socket.MSG_PEEK):  # EOF: the supervisor is gone
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status)
+        if _peer_gone(conn, wait_s=0.1):
+            return _end_child(pid)
+
+
+def _peer_gone(conn: socket.socket, wait_s: float = 0.0) -> bool:
+    """Whether the supervisor closed its end (EOF or a reset), waiting up to `wait_s`."""
+    try:
+        ready, _, _ = select.select([conn], [], [], wait_s)
+        return bool(ready) and not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
+
+
+def _end_child(pid: int) -> int:
+    """SIGKILL the forked trainer and reap it; its exit status."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def main(argv: list[str] | None = None) -> int:
