@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -27,6 +29,23 @@ class ConfigError(ValueError):
         if len(shown) > 80:  # a pasted 100 kB value is not repeated in full
             shown = f"{shown[:80]}... ({len(shown)} characters)"
         super().__init__(f"{field_name}={shown}: {fix}")
+
+
+def env_number(name: str, default: float, low: float, high: float,
+               unit: str) -> tuple[float, str | None]:
+    """A number setting from the environment: (value, None) when `name` is unset or in
+    [low, high], else (default, the sentence that says why the value given is not used)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default, None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and low <= value <= high:
+        return value, None
+    return default, (f"{name}={text[:40]!r} is not a number of {unit} in [{low:g}, {high:g}]; "
+                     f"using {default:g}")
 
 
 class Choice(str, Enum):

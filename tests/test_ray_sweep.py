@@ -40,7 +40,7 @@ from engine.cluster.sweep import (
 from engine.config import ConfigError
 from engine.proc import is_alive
 from engine.run.launcher import stop  # noqa: E402
-from engine.schema import FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_RAY
+from engine.schema import FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED, SWEEP_RAY
 from engine.store import Store
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -257,6 +257,61 @@ def test_an_address_that_is_not_a_ray_head_is_refused_before_any_sweep_exists(la
                          ray_options=RayOptions(connect_timeout_s=3.0))
     assert f"{address} is not a Ray cluster (it did not answer gRPC" in str(info.value)
     assert len(lab.list_sweeps()) == sweeps_before  # nothing created, no driver started
+
+
+class _SilentGrpcServer:
+    """Answers gRPC's connection preface with an HTTP/2 SETTINGS frame (so the probe takes
+    it for a cluster), then never answers again: a head that hangs."""
+
+    SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+    def __init__(self):
+        import threading
+
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            try:
+                conn.sendall(self.SETTINGS)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for conn in [self.listener, *self.conns]:
+            conn.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_head_that_never_answers_fails_the_sweep_within_the_connect_timeout(lab):
+    server = _SilentGrpcServer()
+    try:
+        started = time.monotonic()
+        sweep_id = create_sweep(LONG, lab, ray_address=server.address,
+                                ray_options=RayOptions(connect_timeout_s=5.0))
+        view = wait_sweep(lab, sweep_id, timeout_s=150)
+        elapsed_s = time.monotonic() - started
+    finally:
+        server.close()
+    sweep = lab.get_sweep(sweep_id)
+    assert sweep.status == SWEEP_FAILED, sweep
+    assert (f"no Ray cluster answered at {server.address} within 5 s" in sweep.reason
+            ), sweep.reason
+    assert all(run.status == "failed" for run in view.runs), view.runs
+    # ray.init never returns against it: the driver's watchdog ends it (Ray's import and
+    # start-up come on top of the 5 s on a loaded 2-core machine)
+    assert elapsed_s < 120, elapsed_s
+    assert not is_alive(sweep.driver_pid, sweep.driver_pid_create_time)
 
 
 # ---------------------------------------------------------------------------------------

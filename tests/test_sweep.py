@@ -139,6 +139,31 @@ def test_a_port_that_is_not_a_ray_head_is_not_called_a_cluster():
     assert problem is not None and "is not a Ray cluster" in problem, problem
 
 
+def test_the_ray_probe_is_bounded_in_all_by_its_setting(monkeypatch):
+    """A port that accepts and never answers: the probe gives up within its bound (connect,
+    send and the first answer together), which $PRECISION_LAB_RAY_PROBE_TIMEOUT_S sets."""
+    import socket
+    import time
+
+    from engine.cluster.ray_env import RAY_PROBE_TIMEOUT_ENV, probe_timeout_s, speaks_grpc
+
+    assert probe_timeout_s() == 2.0  # the documented default
+    monkeypatch.setenv(RAY_PROBE_TIMEOUT_ENV, "0.4")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        started = time.monotonic()
+        answer = speaks_grpc("127.0.0.1", listener.getsockname()[1])
+        elapsed_s = time.monotonic() - started
+    assert answer == "it did not answer gRPC within 0.4 s"
+    assert 0.3 < elapsed_s < 1.5, elapsed_s
+    for bad in ("0", "-1", "nan", "61", "soon", "inf"):
+        monkeypatch.setenv(RAY_PROBE_TIMEOUT_ENV, bad)
+        with pytest.raises(ConfigError) as err:
+            probe_timeout_s()
+        assert err.value.field == RAY_PROBE_TIMEOUT_ENV and "[0.1, 60]" in str(err.value)
+
+
 def test_the_sweep_page_uses_only_the_operators_ray_address(home, monkeypatch):
     monkeypatch.delenv("PRECISION_LAB_RAY_ADDRESS", raising=False)
     monkeypatch.delenv("PRECISION_LAB_RAY_ALLOW_ANY_ADDRESS", raising=False)

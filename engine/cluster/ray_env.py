@@ -10,9 +10,10 @@ import math
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 
-from engine.config import ConfigError
+from engine.config import ConfigError, env_number
 from engine.run.ray_runs import DEFAULT_STOP_GRACE_S
 
 RAY_ADDRESS_ENV = "PRECISION_LAB_RAY_ADDRESS"
@@ -20,7 +21,9 @@ MAX_GPUS_PER_RUN = 8
 MAX_CPUS_PER_RUN = 64
 # ray.init retries for many minutes against a port that is not a Ray head; fail sooner.
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
+# The reachability probe before a sweep is created: connect plus the first answer, in all.
 RAY_PROBE_TIMEOUT_S = 2.0
+RAY_PROBE_TIMEOUT_ENV = "PRECISION_LAB_RAY_PROBE_TIMEOUT_S"
 
 # host:port with a DNS name, an IPv4 address or a bracketed IPv6 address.
 _ADDRESS_RE = re.compile(r"^(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
@@ -97,16 +100,30 @@ def page_may_choose_address() -> bool:
     return os.environ.get(RAY_ANY_ADDRESS_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def speaks_grpc(host: str, port: int, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> bool | str:
+def probe_timeout_s() -> float:
+    """The probe's bound in seconds: $PRECISION_LAB_RAY_PROBE_TIMEOUT_S, default 2."""
+    value, problem = env_number(RAY_PROBE_TIMEOUT_ENV, RAY_PROBE_TIMEOUT_S, 0.1, 60, "seconds")
+    if problem:
+        raise ConfigError(RAY_PROBE_TIMEOUT_ENV, os.environ[RAY_PROBE_TIMEOUT_ENV],
+                          "seconds in [0.1, 60], e.g. 2")
+    return value
+
+
+def speaks_grpc(host: str, port: int, timeout_s: float | None = None) -> bool | str:
     """True when host:port answers an HTTP/2 connection preface with a SETTINGS frame (a
-    gRPC server, as a Ray head's GCS is); otherwise why not."""
+    gRPC server, as a Ray head's GCS is); otherwise why not. `timeout_s` bounds the whole
+    probe (connect, send, first answer)."""
+    timeout_s = probe_timeout_s() if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
     try:
         conn = socket.create_connection((host, port), timeout=timeout_s)
+    except TimeoutError:
+        return f"no connection within {timeout_s:g} s"
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     with conn:
         try:
-            conn.settimeout(timeout_s)
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
             conn.sendall(_H2_PREFACE)
             reply = conn.recv(64)
         except OSError:  # connected, but no answer to gRPC's preface in time
@@ -133,7 +150,10 @@ def ray_problem(address: str) -> str | None:
     if address == "auto":
         return None
     host, port = address.rsplit(":", 1)
-    answer = speaks_grpc(host.strip("[]"), int(port))
+    try:
+        answer = speaks_grpc(host.strip("[]"), int(port))
+    except ConfigError as exc:
+        return str(exc)
     if answer is True:
         return None
     if any(words in str(answer) for words in ("gRPC", "without a word")):
