@@ -255,22 +255,49 @@ def child_setup(parent_pid: int, cap_mb: int = 0):
     return apply
 
 
-def cgroup_oom_kills(pid: int | str = "self") -> int | None:
-    """The kernel's OOM-kill count of `pid`'s cgroup (v2 memory.events), None where it
-    cannot be read. A SIGKILLed trainer is said to be the OOM killer's victim only when
-    this count rose while it ran: a kill by a user or another process is not an OOM."""
+SYS_CGROUP = Path("/sys/fs/cgroup")
+PROC = Path("/proc")
+
+
+def cgroup_oom_kills(pid: int | str = "self", sys_cgroup: Path = SYS_CGROUP,
+                     proc: Path = PROC) -> tuple[str, int] | None:
+    """(where, count): the kernel's OOM-kill count for `pid`, read from its memory cgroup
+    (v2 memory.events, else v1 memory.oom_control), else the machine's (/proc/vmstat);
+    None where none can be read. A SIGKILLed trainer is said to be the OOM killer's victim
+    only when this count rose while it ran: a kill by a user or another process is not
+    an OOM."""
     try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
-            line = next((ln for ln in handle if ln.startswith("0::")), None)
-        if line is None:
-            return None
-        path = Path("/sys/fs/cgroup") / line.strip()[3:].lstrip("/") / "memory.events"
-        for row in path.read_text(encoding="utf-8").splitlines():
+        lines = (proc / str(pid) / "cgroup").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        relative = path.strip().lstrip("/")
+        if controllers == "":  # v2 (unified); the root cgroup has no memory.events
+            found = _count_in("cgroup v2", "memory.events", sys_cgroup / relative,
+                              sys_cgroup / "unified" / relative)
+        elif "memory" in controllers.split(","):  # v1: its own hierarchy
+            # inside a container without a cgroup namespace its own cgroup is the mount's root
+            found = _count_in("cgroup v1", "memory.oom_control", sys_cgroup / "memory" / relative,
+                              sys_cgroup / "memory")
+        else:
+            continue
+        if found is not None:
+            return found
+    return _count_in("machine", "vmstat", proc)
+
+
+def _count_in(where: str, filename: str, *folders: Path) -> tuple[str, int] | None:
+    """The `oom_kill N` row of the first `folder/filename` that has one."""
+    for folder in folders:
+        try:
+            text = (folder / filename).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for row in text.splitlines():
             key, _, value = row.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError, StopIteration):
-        return None
+            if key == "oom_kill" and value.strip().isdigit():
+                return where, int(value)
     return None
 
 
@@ -282,15 +309,19 @@ def signal_name(sig: int) -> str:
         return str(sig)
 
 
-def sigkill_cause(oom_kills_before: int | None) -> str:
+def sigkill_cause(oom_kills_before: tuple[str, int] | None) -> str:
     """What a SIGKILL's reason may add, from evidence only: the OOM killer when the
     cgroup's count rose, nothing when it cannot be told."""
     now = cgroup_oom_kills()
-    if oom_kills_before is not None and now is not None:
-        if now > oom_kills_before:
-            return " (the kernel's OOM killer: this cgroup's oom_kill count rose)"
+    if oom_kills_before is None or now is None or now[0] != oom_kills_before[0]:
+        return ""
+    where, count = now
+    if count <= oom_kills_before[1]:
         return " (not the kernel's OOM killer: a user or another process sent it)"
-    return ""
+    if where == "machine":  # no cgroup count: the machine's says only that one happened
+        return (" (the kernel's OOM killer ended a process on this machine meanwhile "
+                "(/proc/vmstat oom_kill rose): most likely this one)")
+    return f" (the kernel's OOM killer: the oom_kill count of this memory cgroup ({where}) rose)"
 
 
 STORAGE_WORDS = ("database or disk is full", "No space left on device", "disk I/O error")

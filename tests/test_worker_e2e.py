@@ -370,17 +370,3 @@ def test_an_exit_after_a_full_disk_is_named_in_the_reason(store):
     reason = store.get_run(run_id).reason
     assert reason.startswith("worker exited with code 1 at step 0: the data directory's disk "
                              "is full"), reason
-
-
-def test_a_sigkill_is_called_an_oom_only_with_evidence(store):
-    from engine.proc import cgroup_oom_kills
-    from engine.run.worker import _record_exit
-
-    run_id = store.create_run(short(5), "cpu")
-    store.set_status(run_id, RUNNING)
-    before = cgroup_oom_kills()
-    _record_exit(store, run_id, -signal.SIGKILL, stop_requested=False, oom_kills_before=before)
-    reason = store.get_run(run_id).reason
-    assert reason.startswith("worker exited with signal 9 (SIGKILL) at step 0")
-    # No OOM kill happened here: the reason never blames the OOM killer or a cap.
-    assert "OOM killer:" not in reason and "memory cap" not in reason, reason
