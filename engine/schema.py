@@ -163,6 +163,8 @@ class RunSummary(TypedDict, total=False):
     # "find the largest batch that fits" (CLI maxbatch --run-id, Live page)
     max_batch_fit: int | None
     max_batch_search: dict[str, Any]
+    # no progress for a while (run.watch, the supervisor): since when, at which step
+    stall: dict[str, Any] | None
 
 
 SUMMARY_KEYS = frozenset(RunSummary.__annotations__)

@@ -14,7 +14,8 @@ import streamlit as st
 from engine.analysis.findings import mfu_text, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
-from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline, no_progress_s
+from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline
+from engine.analysis.stall import stall_of, stall_words
 from engine.analysis.traces import share_text
 from engine.run.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
@@ -155,11 +156,10 @@ def status_block(run) -> None:
                 "one run per device at a time keeps throughput numbers honest.")
     elif run.status == "running":
         st.success(f"{status_words('running')} on {plain(run.device_key)}")
-        idle_s = no_progress_s(store, run)
-        if idle_s is not None:
-            st.warning(f"No progress for {fmt_duration(idle_s)}: the trainer logged no step in "
-                       "that time (paused, a hung device, or a very long first step). Runs "
-                       "queued behind it wait; stop it if it does not recover.")
+        stall = stall_of(store, run)
+        if stall:
+            st.warning(f"{stall_words(stall)} The run is still alive; runs queued behind it "
+                       "wait. Stop run ends it if it does not recover.")
     elif run.status == "finished":
         st.success(f"{status_words('finished')}" + (f": {plain(run.reason)}" if run.reason else ""))
     else:

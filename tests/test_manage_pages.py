@@ -286,7 +286,7 @@ def test_heatmap_cells_of_absolute_metrics_use_thousands_separators(home):
 def test_a_running_run_without_progress_is_called_out_on_live_and_in_show(home, capsys):
     import time
 
-    from engine.analysis.live import no_progress_s
+    from engine.analysis.stall import silent_s, stall_of
     from engine.cli import main as cli_main
 
     store = Store(home)
@@ -294,15 +294,15 @@ def test_a_running_run_without_progress_is_called_out_on_live_and_in_show(home, 
     store.set_status(run_id, RUNNING)
     store.update_run(run_id, pid=1, started_at=time.time() - 300)  # alive (pid 1): not reconciled
     store.write_metrics(run_id, [{"step": 1, "loss": 1.0, "wall_time_s": 10.0}])
-    assert no_progress_s(store, store.get_run(run_id)) == pytest.approx(290, abs=5)
+    assert silent_s(stall_of(store, store.get_run(run_id))) == pytest.approx(290, abs=5)
     at = _page("pages/live.py", {"run": run_id})
     assert any("No progress for 4 min" in w.value for w in at.warning)
     assert cli_main(["show", run_id, "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["no_progress_s"] > 280
-    assert "has logged no step for" in captured.err and "engine stop" in captured.err
+    assert "No progress for 4 min" in captured.err and "engine stop" in captured.err
     store.write_metrics(run_id, [{"step": 2, "loss": 1.0, "wall_time_s": 299.0}])
-    assert no_progress_s(store, store.get_run(run_id)) is None
+    assert stall_of(store, store.get_run(run_id)) is None
 
 
 def test_runs_grid_download_carries_no_formula_from_user_text(lab):

@@ -86,22 +86,6 @@ def data_wait_share(summary: dict[str, Any], frame: pd.DataFrame) -> float | Non
     return float(both["data_wait_ms"].sum()) / total_ms if total_ms > 0 else None
 
 
-STALL_AFTER_S = 60.0  # a running run with no new metric row for this long is called out
-
-
-def no_progress_s(store, run, now: float | None = None) -> float | None:
-    """Seconds since a running run last logged a step (or started, before its first),
-    when that is more than STALL_AFTER_S; None otherwise. A paused trainer (SIGSTOP), a
-    hung device or a very long first step shows here instead of a silent queue."""
-    if run.status != "running" or run.started_at is None:
-        return None
-    last = store.last_metric(run.id)
-    wall_s = last.get("wall_time_s") if last else None
-    last_s = run.started_at + (float(wall_s) if isinstance(wall_s, (int, float)) else 0.0)
-    idle_s = (now if now is not None else time.time()) - last_s
-    return idle_s if idle_s > STALL_AFTER_S else None
-
-
 def busy_words(summary: dict[str, Any], frame: pd.DataFrame) -> str | None:
     """The busy-machine warning for a run, or None: the stored verdict of an ended run,
     else the share of its steady steps logged so far while the machine was busy."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.admission import check_runnable
 from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter
+from engine.analysis.stall import silent_s, stall_of, stall_words
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
 from engine.cli.standby import running_note
 from engine.config import (
@@ -307,8 +308,6 @@ def cmd_maxbatch(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from engine.analysis.live import no_progress_s  # pandas: kept off the other commands
-
     run_id = _valid_run_id(args.run_id)
     store = Store()
     reconcile(store)
@@ -321,13 +320,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         "started_at": run.started_at, "ended_at": run.ended_at,
         "created": _local_time(run.created_at), "duration_s": run.duration_s,
         "tags": run.tags, "note": run.note, "archived": run.archived,
-        "no_progress_s": no_progress_s(store, run),
+        "no_progress_s": silent_s(stall := stall_of(store, run)),
         "config": run.config.to_dict(), "summary": run.summary,
     }
-    if info["no_progress_s"] is not None:
-        print(f"warning: run {run.id} has logged no step for {info['no_progress_s']:.0f} s "
-              "(paused, a hung device, or a very long first step); runs queued behind it "
-              f"wait: `python -m engine stop {run.id}` if it does not recover", file=sys.stderr)
+    if stall:
+        print(f"warning: run {run.id}: {stall_words(stall)} Runs queued behind it wait: "
+              f"`python -m engine stop {run.id}` if it does not recover", file=sys.stderr)
     if args.json:
         print(json.dumps(info))
     else:

@@ -51,6 +51,7 @@ from engine.run.ranks import (
     wait_ranks_gone,
     write_json,
 )
+from engine.run.watch import RunWatch
 from engine.schema import ACTIVE_STATUSES, FAILED, FAILURE_FILENAME, STOPPED
 
 if TYPE_CHECKING:
@@ -93,14 +94,17 @@ def supervise_distributed(run: "RunRecord", store: "Store", stop,
     agent = subprocess.Popen([sys.executable, "-m", "engine.run.torchrun", "agent", run.id],
                              preexec_fn=preexec_fn)
     store.update_run(run.id, train_pid=agent.pid)
-    return_code = _wait_agent(agent, run_dir, stop)
+    watch = RunWatch(store, run.id)
+    return_code = _wait_agent(agent, run_dir, stop, on_tick=watch.tick)
+    watch.close()
     # Whatever the agent managed, no rank outlives the run.
     if signal_rank_processes(run_dir, signal.SIGKILL):
         wait_ranks_gone(run_dir, timeout_s=2.0)
     record_distributed_exit(store, run.id, return_code, stop.requested)
 
 
-def _wait_agent(agent: subprocess.Popen, run_dir: Path, stop) -> int:
+def _wait_agent(agent: subprocess.Popen, run_dir: Path, stop,
+                on_tick: Callable[[], None] = lambda: None) -> int:
     seen: set[int] = set()
     forwarded_at = None
     while True:
@@ -109,6 +113,7 @@ def _wait_agent(agent: subprocess.Popen, run_dir: Path, stop) -> int:
             return agent.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
+        on_tick()
         if stop.requested and forwarded_at is None:
             forwarded_at = time.monotonic()
             agent.send_signal(signal.SIGTERM)  # torchrun forwards it to the ranks ...

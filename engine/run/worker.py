@@ -35,6 +35,7 @@ from engine.run import standby
 from engine.run.launcher import read_log_tail, reconcile
 from engine.run.session import StopFlag
 from engine.run.torchrun import supervise_distributed
+from engine.run.watch import RunWatch
 from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, STOPPED
 from engine.store import Store
 
@@ -86,7 +87,10 @@ def _supervise(run_id: str, store: Store, stop: StopFlag) -> int:
     store.update_run(run_id, train_pid=child.pid,
                      train_pid_create_time=process_create_time(child.pid))
     used_standby = isinstance(child, standby.StandbyTrainer)
-    return_code = _wait_child(child, stop, on_stop=lambda: standby.keep(store))
+    watch = RunWatch(store, run_id)
+    return_code = _wait_child(child, stop, on_stop=lambda: standby.keep(store),
+                              on_tick=watch.tick)
+    watch.close()
     # before the status: a run that has ended has no process left
     _end_leftovers(store, run_id)
     _record_exit(store, run_id, return_code, stop.requested, oom_kills_before)
@@ -136,16 +140,18 @@ def _replace_standby(store: Store) -> None:
         print(f"[supervisor] no standby started: {exc}", flush=True)
 
 
-def _wait_child(child, stop: StopFlag, on_stop=lambda: None) -> int:
+def _wait_child(child, stop: StopFlag, on_stop=lambda: None, on_tick=lambda: None) -> int:
     """`child`: a subprocess.Popen or a standby.StandbyTrainer (same wait/signal API).
     `on_stop()` runs once, right after a stop is forwarded (the successor standby starts
-    its imports then, while the trainer winds down: the stop may end in SIGKILL)."""
+    its imports then, while the trainer winds down: the stop may end in SIGKILL);
+    `on_tick()` every 0.1 s (the log cap and the stall warning)."""
     forwarded_at = None
     while True:
         try:
             return child.wait(timeout=0.1)
         except subprocess.TimeoutExpired:
             pass
+        on_tick()
         if stop.requested and forwarded_at is None:
             forwarded_at = time.monotonic()
             child.send_signal(signal.SIGTERM)  # already sent to the group; harmless twice

@@ -1,0 +1,67 @@
+"""One rule for "this run has made no progress for a while", for every surface: the
+supervisor's log line (engine.run.watch), Live's warning and `engine show`.
+
+Progress is a logged step or a finished round of a speedup check. A run whose supervisor
+watches it (single-process and torchrun runs) has `stall` in its summary: None while it
+makes progress, else since when and at which step it has been silent, judged by the
+supervisor's own clock, before the first step too (a build() that never returns). A run
+nobody watches here (a Ray task, a run recorded before the watch existed) is judged from
+its last metric row instead. No pandas here: the supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.config import env_number
+
+STALL_ENV = "PRECISION_LAB_STALL_WARN_S"
+DEFAULT_STALL_WARN_S = 60.0
+STALL_WARN_RANGE_S = (5.0, 86_400.0)
+
+
+def stall_warn_s() -> tuple[float, str | None]:
+    """The bound in seconds ($PRECISION_LAB_STALL_WARN_S, default 60), and why a value
+    given was not used (the supervisor says it in the run's log)."""
+    return env_number(STALL_ENV, DEFAULT_STALL_WARN_S, *STALL_WARN_RANGE_S, "seconds")
+
+
+def stall_of(store, run, now_s: float | None = None) -> dict[str, Any] | None:
+    """The run's stall ({"since_unix_s", "at_step"}) when it is running and has made no
+    progress for the bound, else None."""
+    if run.status != "running" or run.started_at is None:
+        return None
+    summary = run.summary or {}
+    if "stall" in summary:  # the supervisor watches this run: its judgement
+        return summary["stall"] or None
+    last = store.last_metric(run.id)
+    wall_s = last.get("wall_time_s") if last else None
+    since_s = run.started_at + (float(wall_s) if isinstance(wall_s, (int, float)) else 0.0)
+    now_s = time.time() if now_s is None else now_s
+    if now_s - since_s <= stall_warn_s()[0]:
+        return None
+    return {"since_unix_s": since_s, "at_step": run.steps_completed}
+
+
+def silent_s(stall: dict[str, Any] | None, now_s: float | None = None) -> float | None:
+    """Seconds without progress for a stall from stall_of; None for no stall."""
+    if not stall:
+        return None
+    return max(0.0, (time.time() if now_s is None else now_s) - float(stall["since_unix_s"]))
+
+
+def stall_words(stall: dict[str, Any], now_s: float | None = None) -> str:
+    """The sentence every surface says for a stall."""
+    quiet = duration_words(silent_s(stall, now_s) or 0.0)
+    step = int(stall.get("at_step") or 0)
+    if step == 0:
+        return (f"No step yet, {quiet} after the trainer started: the workload's build() "
+                "(model and data set-up) or the first step has not returned.")
+    return (f"No progress for {quiet}: no step logged since step {step} (paused, a hung "
+            "device, or a very slow step).")
+
+
+def duration_words(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"

@@ -1,0 +1,169 @@
+"""What the supervisor watches while its trainer runs: the size of worker.log and whether
+the run still makes progress. Neither needs torch; both are polled from the supervisor's
+wait loop (engine.run.worker, engine.run.torchrun).
+
+- The log is capped: a workload that prints without end (a build() printing 100 MB) must
+  not fill the disk. Past the cap the first part (how the run started) and the newest
+  part (how it is going) are kept, with one line between them saying how much was cut.
+  Every writer has the file open with O_APPEND, so after the cut they write at its new end.
+- A stall is said: no progress for PRECISION_LAB_STALL_WARN_S seconds (before the first
+  step too: a build() that never returns) puts one line in the log and `stall` in the
+  run's summary, which Live and `engine show` say while the run is active; the next step
+  clears it (engine.analysis.stall: the rule and its words).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from engine.analysis.stall import stall_warn_s, stall_words
+from engine.config import env_number
+from engine.schema import WORKER_LOG
+from engine.store import Store
+
+MAX_LOG_ENV = "PRECISION_LAB_MAX_LOG_MIB"
+DEFAULT_MAX_LOG_MIB = 20.0
+LOG_HEAD_BYTES = 256 * 1024  # the run's start: config, device, the first steps
+LOG_CHECK_S = 1.0
+
+STALL_CHECK_S = 2.0
+
+
+def max_log_mib() -> tuple[float, str | None]:
+    """The cap in MiB ($PRECISION_LAB_MAX_LOG_MIB, default 20), and why a value given was
+    not used (said in the run's log)."""
+    return env_number(MAX_LOG_ENV, DEFAULT_MAX_LOG_MIB, 1, 100_000, "MiB")
+
+
+# ---------------------------------------------------------------------------------------
+# the log cap
+
+
+class LogCap:
+    """Keeps `path` at most `max_bytes` (plus what is written between two checks)."""
+
+    def __init__(self, path: Path, max_bytes: int, head_bytes: int = LOG_HEAD_BYTES):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.head_bytes = min(head_bytes, max_bytes // 4)
+        self.cut_bytes = 0  # in all, over every cut so far
+
+    def check(self) -> int:
+        """Cut the log when it is over the cap; the bytes cut now (0: under the cap)."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return 0
+        if size <= self.max_bytes:
+            return 0
+        return self._cut(size)
+
+    def _cut(self, size: int) -> int:
+        # After a cut the log is about half the cap: not cut again at every check.
+        tail_bytes = self.max_bytes // 2 - self.head_bytes
+        with open(self.path, "r+b") as handle:
+            head = handle.read(self.head_bytes)
+            head = head[:head.rfind(b"\n") + 1] or head  # whole lines where it can
+            handle.seek(max(len(head), size - tail_bytes))
+            tail = handle.read()
+            newline = tail.find(b"\n")
+            if 0 <= newline < len(tail) - 1:
+                tail = tail[newline + 1:]
+            cut = os.fstat(handle.fileno()).st_size - len(head) - len(tail)
+            self.cut_bytes += cut
+            marker = (f"[log] {self.cut_bytes / 2**20:.1f} MiB of output cut here in all: "
+                      f"{WORKER_LOG} is capped at {self.max_bytes / 2**20:g} MiB "
+                      f"({MAX_LOG_ENV}); its start and its newest output are kept\n").encode()
+            # What a writer appends between the read above and the truncate is lost (a
+            # narrow window, once per cut); the count above includes it.
+            handle.truncate(len(head))
+            handle.seek(len(head))
+            handle.write(marker + tail)
+        return cut
+
+
+# ---------------------------------------------------------------------------------------
+# the stall warning (the rule and its words: engine.analysis.stall)
+
+
+def progress_of(store: Store, run_id: str) -> tuple[int, int]:
+    """(steps logged, speedup rounds done): what moves while a run makes progress."""
+    run = store.get_run(run_id)
+    speedup = run.summary.get("speedup") or {}
+    return run.steps_completed, int(speedup.get("rounds") or 0)
+
+
+class StallWatch:
+    """Records `stall` in the run's summary when the run has made no progress for
+    `warn_after_s` (None: watched, making progress), and clears it when it resumes."""
+
+    def __init__(self, store: Store, run_id: str, warn_after_s: float):
+        self.store = store
+        self.run_id = run_id
+        self.warn_after_s = warn_after_s
+        self.progress: tuple[int, int] | None = None
+        self.since_mono_s = time.monotonic()
+        self.since_unix_s = time.time()
+        self.warned = False
+        store.merge_summary(run_id, {"stall": None})  # watched: the surfaces ask us
+
+    def check(self) -> str | None:
+        """A line for the log when the run has just stalled or resumed, else None."""
+        try:
+            progress = progress_of(self.store, self.run_id)
+        except Exception:  # noqa: BLE001 - a busy or missing store: look again next time
+            return None
+        if progress != self.progress:
+            first = self.progress is None
+            self.progress = progress
+            if not first:
+                self.since_mono_s, self.since_unix_s = time.monotonic(), time.time()
+            if self.warned:
+                self.warned = False
+                self.store.merge_summary(self.run_id, {"stall": None})
+                return f"[supervisor] run {self.run_id}: progress again (step {progress[0]})"
+            return None
+        if self.warned or time.monotonic() - self.since_mono_s < self.warn_after_s:
+            return None
+        self.warned = True
+        stall = {"since_unix_s": self.since_unix_s, "at_step": progress[0],
+                 "warn_after_s": self.warn_after_s}
+        self.store.merge_summary(self.run_id, {"stall": stall})
+        return f"[supervisor] run {self.run_id}: {stall_words(stall)}"
+
+
+# ---------------------------------------------------------------------------------------
+# both, for the supervisor's wait loop
+
+
+class RunWatch:
+    """`tick()` from the wait loop (cheap: each check runs at its own interval), `close()`
+    once the trainer has ended (a last cut of the log)."""
+
+    def __init__(self, store: Store, run_id: str):
+        max_mib, log_problem = max_log_mib()
+        warn_s, stall_problem = stall_warn_s()
+        for problem in (log_problem, stall_problem):
+            if problem:
+                print(f"[supervisor] run {run_id}: {problem}", flush=True)
+        self.log = LogCap(store.run_dir(run_id) / WORKER_LOG, int(max_mib * 2**20))
+        self.stall = StallWatch(store, run_id, warn_s)
+        self.next_log_s = self.next_stall_s = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_log_s:
+            self.next_log_s = now + LOG_CHECK_S
+            self.log.check()
+        if now >= self.next_stall_s:
+            self.next_stall_s = now + STALL_CHECK_S
+            line = self.stall.check()
+            if line:
+                print(line, flush=True)
+
+    def close(self) -> None:
+        if self.stall.warned:  # the run has ended: nothing is stalled any more
+            self.stall.store.merge_summary(self.stall.run_id, {"stall": None})
+        self.log.check()
