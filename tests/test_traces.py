@@ -520,7 +520,7 @@ def test_a_gzip_bomb_is_refused_at_the_limit_with_bounded_memory(tmp_path):
     measured = json.loads(result.stdout)
     assert measured["rc"] == 2
     assert measured["stderr"].strip().splitlines() == [
-        f"kernels: {bomb}: larger than 200 MiB decompressed, the limit for a trace; set "
+        f"error: {bomb}: larger than 200 MiB decompressed, the limit for a trace; set "
         "PRECISION_LAB_MAX_TRACE_MIB to raise it"]
     peak_kib = measured["peak_kib"]
     assert peak_kib < 1.5 * 2**20, f"peak RSS {peak_kib / 2**20:.2f} GiB"

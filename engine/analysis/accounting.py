@@ -85,16 +85,20 @@ def _event_span(trace: ParsedTrace) -> tuple[float, float] | None:
     return min(starts), max(ends)
 
 
+class StepNotInTrace(ValueError):
+    """The step asked for is not among the trace's ProfilerStep#N markers."""
+
+
 def _window(trace: ParsedTrace, step: int | None) -> dict:
     steps = profiler_steps(trace)
     if step is not None:
         chosen = [s for s in steps if s["step"] == step]
         if not chosen and not steps:
-            raise ValueError(f"{trace.source}: no ProfilerStep#N markers in this trace, so no "
+            raise StepNotInTrace(f"{trace.source}: no ProfilerStep#N markers in this trace, so no "
                              f"step {step} to pick; leave the step out for the whole window")
         if not chosen:
             known = ", ".join(str(s["step"]) for s in steps)
-            raise ValueError(f"{trace.source}: no ProfilerStep#{step} in this trace "
+            raise StepNotInTrace(f"{trace.source}: no ProfilerStep#{step} in this trace "
                              f"(steps recorded: {known}); pick one of those, or leave the "
                              "step out for the whole window")
         steps = chosen

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -86,3 +87,28 @@ def typed(kind: type, flag: str):
             raise argparse.ArgumentTypeError(f"{flag} {shown(text)}: expected {expected}") from None
     convert.__name__ = kind.__name__
     return convert
+
+
+PATH_MAX_BYTES, NAME_MAX_BYTES = 4096, 255  # Linux's limits on a path and on one name
+
+
+def path_problem(text: str) -> str | None:
+    """Why `text` cannot name a file at all (before any file call raises on it), or None."""
+    if not text.strip():
+        return "empty path"
+    if "\x00" in text:
+        return "a path cannot contain a NUL character"
+    encoded = os.fsencode(text)
+    if len(encoded) > PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES
+                                            for part in encoded.split(b"/")):
+        return (f"too long for a path ({PATH_MAX_BYTES} bytes in all, {NAME_MAX_BYTES} per "
+                "name)")
+    return None
+
+
+def checked_path_text(text: str, flag: str, example: str) -> str:
+    """`text` when it can name a file; else a UsageError naming the flag and an example."""
+    problem = path_problem(text)
+    if problem:
+        raise UsageError(f"{flag} {shown(text)}: {problem}; give a file name, e.g. {example}")
+    return text

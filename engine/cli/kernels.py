@@ -11,7 +11,7 @@ import sys
 from typing import TextIO
 
 from engine.analysis.kernels import classify_kernel
-from engine.cli.errors import EXIT_OK, EXIT_USAGE, shown, typed
+from engine.cli.errors import EXIT_OK, EXIT_USAGE, path_problem, shown, typed
 
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +62,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     usage = _usage_problem(args)
     if usage:
-        stderr.write(f"kernels: {usage}\n")
+        stderr.write(f"error: {usage}\n")
         return EXIT_USAGE
     try:
         targets = [_target(args.trace)] + ([_target(args.trace_b)] if args.diff else [])
@@ -80,7 +80,10 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
             result = analyze(targets[0][0], step=args.step,
                              cpu_evidence=run.summary.get("cpu_evidence") if run else None)
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
-        stderr.write(f"kernels: {_one_line(str(exc))}\n")
+        from engine.analysis.accounting import StepNotInTrace  # pandas: as analyze above
+
+        flag = f"--step {args.step}: " if isinstance(exc, StepNotInTrace) else ""
+        stderr.write(f"error: {flag}{_one_line(str(exc))}\n")
         return EXIT_USAGE
     if not args.diff:
         _warn_defects(result, args.trace, stderr)
@@ -118,6 +121,11 @@ def _target(text: str) -> tuple[str, object, object]:
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
     trace_b = getattr(args, "trace_b", None)
+    for name, text in (("TRACE", args.trace), ("TRACE_B", trace_b)):
+        problem = path_problem(text) if text is not None else None
+        if problem:
+            return (f"{name} {shown(text)}: {problem}; give a trace file (.json or .json.gz) "
+                    "or a run id")
     if getattr(args, "diff", False) and not trace_b:
         return (f"--diff needs two traces, got one ({shown(args.trace)}); give A and B: "
                 "python -m engine kernels A.json.gz B.json.gz --diff")

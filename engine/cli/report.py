@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from engine.cli.errors import EXIT_OK, UsageError, typed
+from engine.cli.errors import EXIT_OK, UsageError, checked_path_text, shown, typed
 from engine.store import RunNotFound, Store, validate_run_id
 
 
@@ -50,12 +50,23 @@ def add_subparsers(sub) -> None:
     export.set_defaults(func=cmd_export)
 
 
+_EXAMPLES = {"--html": "report.html", "--csv": "metrics.csv", "--parquet": "metrics.parquet",
+             "--tensorboard": "tb_logs", "--mlflow": "file:/data/mlruns",
+             "--experiment": "precision-lab"}
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     run_ids = [_checked_run_id(run_id, "RUN_ID") for run_id in args.run_ids]
+    for flag, example in _EXAMPLES.items():  # before any file call sees them
+        value = getattr(args, flag[2:])
+        if value is not None:
+            checked_path_text(value, flag, example)
+    if args.baseline is not None:
+        _checked_run_id(args.baseline, "--baseline")
     if args.baseline and not args.html:
-        raise UsageError(f"--baseline {args.baseline!r}: applies to --html reports only")
+        raise UsageError(f"--baseline {shown(args.baseline)}: applies to --html reports only")
     if args.experiment is not None and not args.mlflow:
-        raise UsageError(f"--experiment {args.experiment!r}: applies to --mlflow only")
+        raise UsageError(f"--experiment {shown(args.experiment)}: applies to --mlflow only")
     if args.mlflow_timeout_s is not None and not args.mlflow:
         raise UsageError(f"--mlflow-timeout-s {args.mlflow_timeout_s:g}: applies to --mlflow only")
     if args.mlflow_timeout_s is not None and not 0 < args.mlflow_timeout_s <= 3600:
@@ -67,7 +78,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             runs.append(store.get_run(run_id))
         except RunNotFound as exc:
-            raise UsageError(f"RUN_ID {run_id!r}: no such run; `python -m engine list` "
+            raise UsageError(f"RUN_ID {shown(run_id)}: no such run; `python -m engine list` "
                              "shows the runs") from exc
     if args.csv is not None or args.parquet is not None:
         return _export_metrics(store, runs, args)
@@ -82,16 +93,16 @@ def _export_html(store: Store, run_ids: list[str], args: argparse.Namespace) -> 
 
     baseline = _checked_run_id(args.baseline, "--baseline") if args.baseline else None
     if baseline is not None and baseline not in run_ids:
-        raise UsageError(f"--baseline {baseline!r}: not among the exported runs; "
+        raise UsageError(f"--baseline {shown(baseline)}: not among the exported runs; "
                          f"choose one of {', '.join(run_ids)}")
     path = _checked_output_path(args.html)
     replacing = path.exists()
     try:
         written = export_html(store, run_ids, path, baseline_id=baseline)
     except ExportTargetError as exc:  # the target changed kind since the check above
-        raise UsageError(f"--html {args.html!r}: {exc}") from None
+        raise UsageError(f"--html {shown(args.html)}: {exc}") from None
     except OSError as exc:
-        raise UsageError(f"--html {args.html!r}: cannot write the report "
+        raise UsageError(f"--html {shown(args.html)}: cannot write the report "
                          f"({exc.strerror or exc}); choose a writable path") from None
     _say_replaced(replacing, "--html", written)
     info = {"path": str(written), "bytes": written.stat().st_size, "run_ids": run_ids,
@@ -118,9 +129,9 @@ def _export_metrics(store: Store, runs: list, args: argparse.Namespace) -> int:
     try:
         written = write_metrics_file(store, runs[0].id, path, file_format)
     except ExportTargetError as exc:  # the target changed kind since the check above
-        raise UsageError(f"{flag} {target!r}: {exc}") from None
+        raise UsageError(f"{flag} {shown(target)}: {exc}") from None
     except OSError as exc:
-        raise UsageError(f"{flag} {target!r}: cannot write ({exc.strerror or exc}); "
+        raise UsageError(f"{flag} {shown(target)}: cannot write ({exc.strerror or exc}); "
                          "choose a writable path") from None
     _say_replaced(replacing, flag, written)
     info = {"path": str(written), "bytes": written.stat().st_size, "run_ids": [runs[0].id],
@@ -153,7 +164,7 @@ def _export_elsewhere(store: Store, runs: list, args: argparse.Namespace) -> int
         try:
             check_tracking_server(args.mlflow, timeout_s)
         except TrackingServerUnreachable as exc:
-            raise UsageError(f"--mlflow {args.mlflow!r}: {exc}") from None
+            raise UsageError(f"--mlflow {shown(args.mlflow)}: {exc}") from None
         try:
             exported = {run.id: export_to_mlflow(store, run.id, args.mlflow,
                                                  args.experiment or DEFAULT_EXPERIMENT,
@@ -161,7 +172,7 @@ def _export_elsewhere(store: Store, runs: list, args: argparse.Namespace) -> int
                         for run in runs}
         except Exception as exc:  # noqa: BLE001 - MLflow's own errors, as one line
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise UsageError(f"--mlflow {args.mlflow!r}: MLflow refused the export "
+            raise UsageError(f"--mlflow {shown(args.mlflow)}: MLflow refused the export "
                              f"({type(exc).__name__}: {first})") from None
         info = {"mlflow": args.mlflow, "experiment": args.experiment or DEFAULT_EXPERIMENT,
                 "runs": exported}
@@ -188,11 +199,11 @@ def _check_tracking_uri(uri: str) -> None:
         folder = Path(urlparse(uri).path or ".")
         parent = folder if folder.exists() else folder.parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise UsageError(f"--mlflow {uri!r}: folder {str(parent)!r} does not exist or is "
+            raise UsageError(f"--mlflow {shown(uri)}: folder {str(parent)!r} does not exist or is "
                              "not writable; e.g. file:/tmp/mlruns")
     elif not uri.startswith(("http://", "https://", "databricks", "sqlite:", "postgresql:",
                              "mysql:")):
-        raise UsageError(f"--mlflow {uri!r}: expected a tracking URI such as file:/data/mlruns "
+        raise UsageError(f"--mlflow {shown(uri)}: expected a tracking URI such as file:/data/mlruns "
                          "or http://host:5000")
 
 
@@ -200,9 +211,9 @@ def _checked_logdir(text: str) -> Path:
     path = Path(text).expanduser()
     parent = path if path.exists() else path.parent
     if path.exists() and not path.is_dir():
-        raise UsageError(f"--tensorboard {text!r}: is a file; give a folder")
+        raise UsageError(f"--tensorboard {shown(text)}: is a file; give a folder")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(f"--tensorboard {text!r}: folder {str(parent)!r} does not exist or is "
+        raise UsageError(f"--tensorboard {shown(text)}: folder {str(parent)!r} does not exist or is "
                          "not writable; choose another folder")
     return path
 
@@ -211,7 +222,7 @@ def _checked_run_id(run_id: str, field: str) -> str:
     try:
         return validate_run_id(run_id)
     except ValueError:
-        raise UsageError(f"{field} {run_id!r}: not a valid run id (letters, digits, - and _); "
+        raise UsageError(f"{field} {shown(run_id)}: not a valid run id (letters, digits, - and _); "
                          "`python -m engine list` shows the runs") from None
 
 
@@ -220,24 +231,22 @@ def _checked_output_path(text: str, flag: str = "--html") -> Path:
     # the export writer's rule, one import: only the export needs it
     from engine.report.export import target_problem
 
-    if not text.strip():
-        example = "report.html" if flag == "--html" else "metrics.csv"
-        raise UsageError(f"{flag} {text!r}: empty path; give a file name, e.g. {example}")
+    checked_path_text(text, flag, "report.html" if flag == "--html" else "metrics.csv")
     path = Path(text).expanduser()
     problem = target_problem(path)
     if problem is not None and not path.is_dir():
-        raise UsageError(f"{flag} {text!r}: {problem}; choose another path")
+        raise UsageError(f"{flag} {shown(text)}: {problem}; choose another path")
     if path.is_dir():
-        raise UsageError(f"{flag} {text!r}: is a directory; give a file name, e.g. "
+        raise UsageError(f"{flag} {shown(text)}: is a directory; give a file name, e.g. "
                          f"{os.path.join(text, 'report.html' if flag == '--html' else 'metrics.csv')}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"{flag} {text!r}: folder {str(parent)!r} does not exist; "
+        raise UsageError(f"{flag} {shown(text)}: folder {str(parent)!r} does not exist; "
                          "create it or choose another path")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"{flag} {text!r}: folder {str(parent)!r} is not writable; "
+        raise UsageError(f"{flag} {shown(text)}: folder {str(parent)!r} is not writable; "
                          "choose another path")
     if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"{flag} {text!r}: file exists and is not writable; "
+        raise UsageError(f"{flag} {shown(text)}: file exists and is not writable; "
                          "choose another path")
     return path

@@ -26,8 +26,9 @@ from engine.analysis.gate import (
     parse_requirement,
 )
 from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels
-from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, typed
+from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
+from engine.config import Precision
 from engine.run.launcher import reconcile, stop
 from engine.schema import FINAL_STATUSES, FINISHED
 from engine.store import Store
@@ -60,23 +61,46 @@ def add_subparsers(sub) -> None:
 def speedup_config(args: argparse.Namespace):
     """The check's RunConfig: --precisions (or --speedup-modes), the baseline as precision."""
     if args.precisions is not None and args.speedup_modes is not None:
-        raise UsageError(f"--precisions {args.precisions!r}: give the modes once, with "
+        raise UsageError(f"--precisions {shown(args.precisions)}: give the modes once, with "
                          "--precisions or --speedup-modes")
+    for short, long in (("budget_s", "speedup_budget_s"), ("target_pct", "speedup_target_pct")):
+        if getattr(args, short) is not None and getattr(args, long) is not None:
+            raise UsageError(f"--{long.replace('_', '-')} {getattr(args, long):g}: give it once, "
+                             f"with --{short.replace('_', '-')} or --{long.replace('_', '-')}")
     modes = args.precisions if args.precisions is not None else args.speedup_modes
+    given_as = "--speedup-modes" if args.speedup_modes is not None else "--precisions"
     if not modes:
-        raise UsageError("--precisions: missing; give 2-4 modes, baseline first, e.g. "
+        raise UsageError(f"{given_as}{' ' + shown(modes) if modes is not None else ''}: "
+                         "missing; give 2-4 modes, baseline first, e.g. "
                          "--precisions fp32,bf16-amp")
+    known = [mode.value for mode in Precision]
+    unknown = [mode.strip() for mode in modes.split(",") if mode.strip() not in known]
+    if unknown:  # before the first mode becomes the baseline's --precision
+        raise UsageError(f"{given_as} {shown(modes)}: unknown mode {shown(unknown[0])}; give "
+                         f"2-4 of {', '.join(known)}, baseline first, e.g. fp32,bf16-amp")
     args.speedup_modes = modes
     first = modes.split(",")[0].strip()
     if args.precision is not None and args.precision != first:
-        raise UsageError(f"--precision {args.precision!r}: a speedup check's baseline is the "
-                         f"first of --precisions ({first!r}); leave --precision out")
+        raise UsageError(f"--precision {shown(args.precision)}: a speedup check's baseline is the "
+                         f"first of --precisions ({shown(first)}); leave --precision out")
     args.precision = first
     if args.budget_s is not None:
         args.speedup_budget_s = args.budget_s
     if args.target_pct is not None:
         args.speedup_target_pct = args.target_pct
-    return config_from_args(args)
+    # the config names its fields' own flags; say the ones the user typed
+    typed_as = {"--speedup-modes": given_as}
+    if args.budget_s is not None:
+        typed_as["--speedup-budget-s"] = "--budget-s"
+    if args.target_pct is not None:
+        typed_as["--speedup-target-pct"] = "--target-pct"
+    try:
+        return config_from_args(args)
+    except UsageError as exc:
+        flag, _, rest = str(exc).partition(" ")
+        if typed_as.get(flag, flag) != flag:
+            raise UsageError(f"{typed_as[flag]} {rest}") from None
+        raise
 
 
 def requirements_of(args: argparse.Namespace, labels: list[str]) -> list[Requirement]:
