@@ -102,8 +102,8 @@ def defects_warning(result: dict) -> None:
         st.warning(f"{result['malformed_events']} malformed event(s) in this trace (a name that "
                    "is not text, an id that is a list or an object) were left out of every sum.")
     if result.get("bad_duration_events"):
-        st.warning(f"{result['bad_duration_events']} event(s) with a missing or negative "
-                   "duration (a defect of the trace) were left out of every sum.")
+        st.warning(f"{result['bad_duration_events']} event(s) with a missing, negative or "
+                   "impossible time (a defect of the trace) were left out of every sum.")
 
 
 def _ms(us) -> str:

@@ -177,8 +177,26 @@ def test_cli_warns_about_bad_durations_and_never_prints_negative_time(tmp_path):
          "ts": 20, "dur": -0.04, "args": {"stream": 7, "device": 0, "bytes": 4}}]}))
     result = _engine("kernels", str(path))
     assert result.returncode == 0, result.stderr
-    assert "1 event(s) with a missing or negative duration" in result.stderr
+    assert "1 event(s) with a missing, negative or impossible time" in result.stderr
     assert "-0.0" not in result.stdout
+
+
+def test_an_impossible_timestamp_is_a_defect_not_a_window_of_ages(tmp_path):
+    """A 1e308 us timestamp once made the window 1e305 ms wide (and inf/nan before);
+    it is left out, counted and warned about, and the figures are those of the rest."""
+    from engine.analysis.explain import analyze
+
+    path = tmp_path / "ages.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7,
+         "ts": 1e308, "dur": 10, "args": {"stream": 7, "device": 0}},
+        {"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "pid": 0, "tid": 7,
+         "ts": 100, "dur": 5, "args": {"stream": 7, "device": 0}}]}))
+    result = analyze(str(path))
+    assert result["bad_duration_events"] == 1
+    assert result["accounting"]["window_us"] == pytest.approx(5.0)
+    text = json.dumps(result)
+    assert "Infinity" not in text and "NaN" not in text
 
 
 def test_cli_deep_nesting_is_a_one_line_error(tmp_path):

@@ -177,17 +177,22 @@ def _number(value: Any) -> float:
         return 0.0
 
 
+# Past this a time is a defect, not a time: 1e17 us is ~3,000 years (a Kineto timestamp
+# is us since the epoch, ~1.8e15 today). A 1e308 ts would make every window absurd.
+MAX_TIME_US = 1e17
+
+
 def _time(value: Any) -> float | None:
     """A timestamp or duration in us, kept fractional (Kineto writes ns precision as
     fractional us; rounding them shifts short kernels by up to 18 %); None when missing,
-    not a number, or not finite."""
+    not a number, not finite, or beyond MAX_TIME_US."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
         number = float(value)
     except ValueError:
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and abs(number) <= MAX_TIME_US else None
 
 
 def _stream(args: dict, tid: Any) -> int | None:
@@ -532,7 +537,7 @@ def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.Data
 
     `table.attrs` carries source, device (name), compute_capability, vendor, arch and the
     defect counts. Raises ValueError naming the file when it cannot be read or is not a
-    profiler trace. Kernels whose duration is missing or negative are left out (counted in
+    profiler trace. Kernels whose time is missing, negative or impossible are left out (counted in
     attrs["bad_duration_events"]).
     """
     return load_trace(path_or_fileobj).table

@@ -148,7 +148,8 @@ def _warn_defects(summary: dict, trace: str, stderr: TextIO) -> None:
                      "(a name that is not text, an id that is a list or an object) left out\n")
     if summary.get("bad_duration_events"):
         stderr.write(f"warning: {trace}: {summary['bad_duration_events']} event(s) with a "
-                     "missing or negative duration (a defect of the trace) left out of every sum\n")
+                     "missing, negative or impossible time (a defect of the trace) left out of "
+                     "every sum\n")
 
 
 # ---------------------------------------------------------------------------------------
