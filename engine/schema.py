@@ -132,6 +132,7 @@ class RunSummary(TypedDict, total=False):
     data_wait_ms: float | None  # steady steps: mean wait for the next batch
     h2d_copy_ms: float | None   # steady steps: mean host-to-device copy (None: no copy)
     data_wait_share: float | None  # data_wait_ms / step_time_ms (input-bound near 1)
+    skip_ledger: dict[str, Any] | None  # fp16-amp: each skipped step, where it overflowed
     extra: dict[str, Any]  # model spec, compute dtype
     # MFU (run.session: the peak before training, result_summary after it)
     mfu: float | None

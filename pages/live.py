@@ -14,7 +14,14 @@ import streamlit as st
 from engine.analysis.findings import mfu_text, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
-from engine.analysis.live import busy_words, data_wait_share, eta_s, live_headline
+from engine.analysis.live import (
+    busy_words,
+    data_wait_share,
+    eta_s,
+    ledger_rows,
+    ledger_sentence,
+    live_headline,
+)
 from engine.analysis.stall import stall_of, stall_words
 from engine.analysis.traces import share_text
 from engine.run.ray_runs import is_ray_run
@@ -273,6 +280,19 @@ def charts_block(run, frame: pd.DataFrame) -> None:
                    + (" (disabled for this run)." if run.config.precision == "fp16-amp" else "."))
 
 
+def skip_ledger_block(run) -> None:
+    """fp16-amp: the steps the GradScaler skipped, each with where it overflowed (at the
+    run's end: the trainer writes the ledger with its result)."""
+    ledger = run.summary.get("skip_ledger")
+    sentence = ledger_sentence(ledger, run.summary.get("skipped_steps"))
+    if not sentence:
+        return
+    st.subheader("Skipped steps: where fp16 overflowed")
+    st.caption(plain(sentence))  # layer names are the workload's: never Markdown
+    st.dataframe(pd.DataFrame(ledger_rows(ledger)), hide_index=True, width="stretch",
+                 key="skip_ledger_table")
+
+
 def telemetry_block(run) -> None:
     """GPU telemetry from NVML (2 Hz) or, on CPU runs, the worker's CPU % and RSS; one
     line per rank in a multi-process run (each rank samples its own process and GPU)."""
@@ -347,6 +367,7 @@ def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None =
         data_wait_line(current, frame)
         matrix_unit_badge(current)
         charts_block(current, frame)
+        skip_ledger_block(current)
         telemetry_block(current)
     interval_s = refresh_interval_s(current)
     if interval_s != refresh_at_load or (current.status != status_at_load

@@ -99,3 +99,44 @@ def busy_words(summary: dict[str, Any], frame: pd.DataFrame) -> str | None:
         return None
     return (f"measured while the machine was busy (other work competed for it during "
             f"{100 * marks.mean():.0f} % of the steady steps so far): {UNRELIABLE}")
+
+
+def ledger_rows(ledger: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The skipped-step ledger (engine.training.skip_ledger) as table rows: one per kept
+    skip, with the layer where the overflow entered (nearest the loss)."""
+    rows = []
+    for entry in (ledger or {}).get("entries", []):
+        largest = next((layer for layer in entry["layers"] if not layer["nonfinite"]
+                        and layer["max_abs_grad_scaled"] is not None), None)
+        rows.append({
+            "step": "0 (FLOP count)" if entry["step"] == 0 else str(entry["step"]),
+            "loss scale": f"{entry['scale_before']:g} -> {entry['scale_after']:g}"
+            if entry["scale_after"] is not None else f"{entry['scale_before']:g}",
+            "overflow entered at": entry["origin"] or "(no layer: the loss itself)",
+            "non-finite layers": f"{entry['nonfinite_layer_count']} of {entry['layer_count']}",
+            "loss": "finite" if entry["loss_finite"] else "inf/NaN",
+            "largest finite gradient (scaled)":
+                f"{largest['max_abs_grad_scaled']:.3g} in {largest['layer']}" if largest else "n/a",
+        })
+    return rows
+
+
+def ledger_sentence(ledger: dict[str, Any] | None, skipped_steps: int | None) -> str | None:
+    """One line over the ledger: how many of the run's steps were skipped (the run's own
+    figure), where the overflows entered."""
+    entries = (ledger or {}).get("entries", [])
+    if not entries:
+        return None
+    origins: dict[str, int] = {}
+    for entry in entries:
+        origin = entry["origin"] or "the loss itself"
+        origins[origin] = origins.get(origin, 0) + 1
+    where = ", ".join(f"{name} ({count}x)" for name, count in
+                      sorted(origins.items(), key=lambda item: -item[1])[:3])
+    before = " and the FLOP-count step before step 1" if entries[0]["step"] == 0 else ""
+    kept = ("" if ledger["entries_kept"] == ledger["entries_total"] else
+            f"; the first {ledger['entries_kept']} are recorded")
+    return (f"The GradScaler skipped {skipped_steps or 0} step(s) of the run{before}{kept}: "
+            "gradients overflowed fp16 and the scale was halved each time. Where the "
+            f"overflow entered (the non-finite layer nearest the loss): {where}. A layer "
+            "that keeps appearing here is the one to keep in fp32 or to rescale.")

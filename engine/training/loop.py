@@ -43,6 +43,7 @@ from engine.training.numerics import NumericsProbe, default_sample_steps
 from engine.training.onednn import capture_onednn_verbose
 from engine.training.precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
 from engine.training.step_meter import StepMeter, memory_snapshot
+from engine.training.skip_ledger import SkipLedger
 from engine.training.workload import WorkloadError, is_dataset, load_workload, one_line
 from engine.workloads import workload_label
 
@@ -84,6 +85,8 @@ class TrainResult:
     data_wait_ms: float | None = None
     h2d_copy_ms: float | None = None
     data_wait_share: float | None = None
+    # fp16-amp: the GradScaler's skipped steps, each with where it overflowed (skip_ledger)
+    skip_ledger: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,6 +173,8 @@ class Trainer:
         self.tokens_per_sample = (self.workload.tokens_per_sample if self.workload
                                   else cfg.seq_len if is_token_model(cfg.model) else None)
         self.probe: NumericsProbe | None = None
+        # fp16-amp: which layer overflowed, for every step the GradScaler skipped
+        self.ledger = SkipLedger(self.module) if self.plan.scaler is not None else None
 
     def _workload_source(self) -> BatchSource:
         source = self.workload.batches
@@ -185,8 +190,10 @@ class Trainer:
         """End the batch source's DataLoader workers (train() calls it on every path)."""
         self.batches.close()
 
-    def step(self, step: int, want_grad_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, step: int, want_grad_norm: bool = True,
+             ledger_step: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here.
+        A skip is recorded in the ledger under `ledger_step` when given, else `step`.
 
         The gradient norm costs a reduction over every gradient; it is computed when it is
         logged, and on every step under a GradScaler (a non-finite norm = a skipped step).
@@ -222,8 +229,15 @@ class Trainer:
                 # collective, reached by every rank because each computes it on the same steps.
                 grad_norm = grad_norm.full_tensor()
         if scaler is not None:
+            entry = None
+            # scaler.step reads its found-inf flag here anyway (a host sync on CUDA)
+            if self.ledger is not None and not bool(torch.isfinite(grad_norm)):
+                entry = self.ledger.before_step(step if ledger_step is None else ledger_step,
+                                                float(scaler.get_scale()), loss)
             scaler.step(self.optimizer)  # skipped internally when grads hold inf/NaN
             scaler.update()
+            if entry is not None:
+                self.ledger.after_step(entry, float(scaler.get_scale()))
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -245,7 +259,7 @@ def measure_flops_per_step(trainer: Trainer) -> float | None:
     try:
         counter = FlopCounterMode(display=False)
         with counter:
-            trainer.step(1)
+            trainer.step(1, ledger_step=0)  # step 0 in the ledger: before the run's step 1
         return float(counter.get_total_flops()) or None
     except Exception:  # the count is informative; a failure must not stop a run
         return None
@@ -446,6 +460,7 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         if flops_per_step else None,
         param_count=trainer.param_count,
         trace_path=str(profiler.trace_path) if profiler.trace_path else None,
+        skip_ledger=trainer.ledger.summary() if trainer.ledger is not None else None,
         extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
                "input_pipeline": _pipeline_of(cfg)})
 

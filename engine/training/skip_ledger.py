@@ -1,0 +1,82 @@
+"""The skipped-step ledger (fp16-amp with a GradScaler): for every step the scaler skipped,
+the step (0: the FLOP-count step before step 1), the loss scale before and after, where the non-finite gradients were and each
+layer's largest gradient before unscaling.
+
+GradScaler skips a step when a gradient holds inf or NaN and halves its scale; the run's
+figures only count the skips. This says which layer overflowed. Cost: the loop reads the
+gradient norm's finiteness on every scaler step, just before `scaler.step`, which reads
+its own found-inf flag at that point anyway (a host sync on CUDA); the per-layer pass over
+the gradients runs on skipped steps only.
+
+Layers are the modules that own parameters, in the model's order (input first). The
+overflow starts at the non-finite layer nearest the loss (backward runs from the loss to
+the input and carries inf/NaN downwards): `origin` names it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+MAX_ENTRIES = 50        # a run that skips every step keeps the first ones in full
+MAX_LAYERS_SHOWN = 40   # per entry: every non-finite layer, then the largest finite ones
+
+
+class SkipLedger:
+    def __init__(self, model: nn.Module):
+        # (name, own parameters) of every module that holds some, in the model's order
+        self.layers = [(name or type(module).__name__, list(module.parameters(recurse=False)))
+                       for name, module in model.named_modules()
+                       if any(True for _ in module.parameters(recurse=False))]
+        self.entries: list[dict[str, Any]] = []
+        self.skipped = 0
+
+    def before_step(self, step: int, scale: float, loss: torch.Tensor) -> dict[str, Any] | None:
+        """A skipped step's entry, taken while its gradients are still there (unscaled by
+        `scaler.unscale_`; `scale` turns them back into what the backward produced)."""
+        self.skipped += 1
+        if len(self.entries) >= MAX_ENTRIES:
+            return None
+        layers = [_layer_record(name, params, scale) for name, params in self.layers]
+        nonfinite = [layer["layer"] for layer in layers if layer["nonfinite"]]
+        finite = sorted((layer for layer in layers if not layer["nonfinite"]),
+                        key=lambda layer: -(layer["max_abs_grad_scaled"] or 0.0))
+        shown = [layer for layer in layers if layer["nonfinite"]] + finite
+        entry = {
+            "step": step, "scale_before": scale, "scale_after": None,
+            "loss_finite": bool(torch.isfinite(loss).all()),
+            "origin": nonfinite[-1] if nonfinite else None,
+            "nonfinite_layers": nonfinite[-MAX_LAYERS_SHOWN:][::-1],  # nearest the loss first
+            "nonfinite_layer_count": len(nonfinite),
+            "layers": shown[:MAX_LAYERS_SHOWN], "layer_count": len(layers),
+        }
+        self.entries.append(entry)
+        return entry
+
+    @staticmethod
+    def after_step(entry: dict[str, Any] | None, scale: float) -> None:
+        if entry is not None:
+            entry["scale_after"] = scale
+
+    def summary(self) -> dict[str, Any]:
+        # The run's skipped_steps (its figure) counts its own steps; the ledger also holds
+        # the FLOP-count step before step 1 (step 0), which the scaler can skip too.
+        return {"entries": self.entries, "entries_total": self.skipped,
+                "entries_kept": len(self.entries), "max_entries": MAX_ENTRIES}
+
+
+def _layer_record(name: str, params: list[torch.Tensor], scale: float) -> dict[str, Any]:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return {"layer": name, "nonfinite": False, "max_abs_grad_scaled": None,
+                "nonfinite_params": 0}
+    nonfinite_params = sum(int(not bool(torch.isfinite(g).all())) for g in grads)
+    # the largest finite value: a non-finite layer says how large the rest of it was
+    largest = max(float(g.detach().abs().float().nan_to_num(nan=0.0, posinf=0.0).max()) for g in grads)
+    scaled = largest * scale
+    return {"layer": name, "nonfinite": nonfinite_params > 0,
+            "max_abs_grad_scaled": scaled if math.isfinite(scaled) else None,
+            "nonfinite_params": nonfinite_params}
