@@ -101,6 +101,21 @@ def plausible_mfu(achieved_flops: float | None, peak_flops: float | None) -> flo
     return mfu if mfu <= 1.0 else None
 
 
+def mfus_against(peaks: dict[str, dict[str, Any]], achieved_tflops: float | None
+                 ) -> dict[str, dict[str, Any]]:
+    """Each named peak ({"flops_per_s", "label"}) with the MFU against it; a peak the run
+    beat says so instead of an MFU above 100 %."""
+    achieved = achieved_tflops * 1e12 if achieved_tflops else None
+    out = {}
+    for kind, peak in peaks.items():
+        mfu = plausible_mfu(achieved, peak.get("flops_per_s"))
+        entry = {"flops_per_s": peak.get("flops_per_s"), "label": peak.get("label"), "mfu": mfu}
+        if mfu is None and achieved and peak.get("flops_per_s"):
+            entry["note"] = "the run achieved more than this peak: it does not bound this model"
+        out[kind] = entry
+    return out
+
+
 # -- the run summary ---------------------------------------------------------------------
 class RunSummary(TypedDict, total=False):
     """Every key a run's summary (runs.summary_json) may hold, and who writes it.
@@ -140,6 +155,8 @@ class RunSummary(TypedDict, total=False):
     peak_flops: float | None
     peak_source: str
     peak_label: str | None  # what MFU is relative to: datasheet row, or measured when/how
+    # MFU against both: "datasheet" (a CPU: its ISA peak) and "measured" (the matmul ceiling)
+    mfu_peaks: dict[str, Any]
     fp8_advice: str | None
     # out of memory (run.session)
     oom_batch_size: int

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine.analysis.findings import mfu_text, peak_words
+from engine.analysis.findings import both_mfu_words, mfu_text, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
 from engine.analysis.live import (
@@ -197,6 +197,9 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
         cols[4].metric("MFU", mfu_text(head.mfu) if head.mfu else "n/a",
                        help=f"Against the {peak_words(summary)}. "
                             f"{summary.get('mfu_note') or ''}")
+        both = both_mfu_words(summary)
+        if both:
+            st.caption(plain(both))
     else:
         cols[4].metric("Achieved TFLOP/s", fmt_num(head.achieved_tflops, 3),
                        help=summary.get("mfu_note") or "MFU is n/a until the device's peak "

@@ -126,6 +126,27 @@ def peak_words(summary: Mapping[str, Any]) -> str:
     return f"{source} peak for this precision" if source else "peak: not known"
 
 
+MFU_PEAK_NAMES = {"datasheet": "against the datasheet peak", "measured": "against the measured ceiling"}
+
+
+def both_mfu_words(summary: Mapping[str, Any]) -> str | None:
+    """The run's MFU against both peaks, each named (the datasheet row or a CPU's ISA peak,
+    and the measured matmul ceiling with when), as Live and the report say it."""
+    peaks = summary.get("mfu_peaks")
+    if not isinstance(peaks, Mapping) or "error" in peaks:
+        return None
+    parts = []
+    for kind, name in MFU_PEAK_NAMES.items():
+        entry = peaks.get(kind) or {}
+        if entry.get("mfu") is not None:
+            parts.append(f"{mfu_text(entry['mfu'])} {name} ({entry['label']})")
+        elif entry.get("flops_per_s"):
+            parts.append(f"n/a {name} ({entry.get('note') or entry['label']})")
+        else:
+            parts.append(f"n/a {name}: {entry.get('label') or 'none known'}")
+    return "MFU " + "; ".join(parts)
+
+
 def mfu_text(mfu: float) -> str:
     """MFU as every surface writes it: "42.0 %"; a small one keeps two digits ("0.34 %")."""
     return f"{mfu * 100:.1f} %" if mfu >= 0.01 else f"{mfu * 100:.2g} %"

@@ -249,6 +249,7 @@ def run_summary(run_id: str, store: Store) -> dict[str, Any]:
         "achieved_tflops": s.get("achieved_tflops"),
         "mfu": s.get("mfu"),  # the steady median, as on Live, Compare and the report
         "mfu_peak": s.get("peak_label") or s.get("peak_source"),  # what MFU is relative to
+        "mfu_peaks": s.get("mfu_peaks"),  # MFU against the datasheet and the measured peak
         "flops_per_step": s.get("flops_per_step"),
         "param_count": s.get("param_count"),
         "device": run.device_key,

@@ -285,26 +285,63 @@ def cpu_clock_ghz(cpuinfo_path: str = "/proc/cpuinfo",
     return best / 1000.0 if best else None
 
 
-def plausible_range(device: DeviceInfo, compute_dtype: str, threads: int | None = None,
-                    clock_ghz: float | None = None) -> tuple[float | None, float | None, str]:
-    """(lowest, highest) FLOP/s a `compute_dtype` matmul peak can honestly be on this
-    device, and the basis in words. CPUs: threads x clock x FLOP/cycle of the unit that
-    runs the dtype (its ISA flags). GPUs not in the datasheet: no bound (None, None)."""
+def isa_peak(device: DeviceInfo, compute_dtype: str, threads: int | None = None,
+             clock_ghz: float | None = None) -> tuple[float | None, bool, str]:
+    """(FLOP/s, native, basis): a CPU's theoretical `compute_dtype` matmul peak from its
+    ISA flags, threads x clock x FLOP/cycle of the unit that runs the dtype (a CPU's
+    "datasheet" figure); (None, False, why not) where it cannot be derived."""
     if device.kind != "cpu" or not device.cpu_flags:
-        return None, None, "no ISA bound for this device"
+        return None, False, "no ISA bound for this device"
     if threads is None:
         import torch  # the thread count the measurement uses
 
         threads = torch.get_num_threads()
     clock_ghz = clock_ghz or cpu_clock_ghz()
     if not clock_ghz:
-        return None, None, "the CPU's clock is not readable"
+        return None, False, "the CPU's clock is not readable"
     per_cycle, native = _flop_per_cycle(device.cpu_flags, compute_dtype)
-    isa_peak = threads * clock_ghz * 1e9 * per_cycle
-    floor = isa_peak * (NATIVE_FLOOR_SHARE if native else EMULATED_FLOOR_SHARE)
+    peak = threads * clock_ghz * 1e9 * per_cycle
     basis = (f"{threads} thread(s) x {clock_ghz:.2f} GHz x {per_cycle:g} FLOP/cycle "
-             f"= {_rate_words(isa_peak)}" + ("" if native else f", {compute_dtype} emulated"))
-    return floor, isa_peak * CEILING_MARGIN, basis
+             f"= {_rate_words(peak)}" + ("" if native else f", {compute_dtype} emulated"))
+    return peak, native, basis
+
+
+def plausible_range(device: DeviceInfo, compute_dtype: str, threads: int | None = None,
+                    clock_ghz: float | None = None) -> tuple[float | None, float | None, str]:
+    """(lowest, highest) FLOP/s a `compute_dtype` matmul peak can honestly be on this
+    device, and the basis in words: around the ISA peak on CPUs; GPUs not in the
+    datasheet: no bound (None, None)."""
+    peak, native, basis = isa_peak(device, compute_dtype, threads, clock_ghz)
+    if peak is None:
+        return None, None, basis
+    floor = peak * (NATIVE_FLOOR_SHARE if native else EMULATED_FLOOR_SHARE)
+    return floor, peak * CEILING_MARGIN, basis
+
+
+def reference_peaks(device: DeviceInfo, compute_dtype: str) -> dict[str, dict[str, Any]]:
+    """Both peaks an MFU can be taken against, each named, never measured here:
+    "datasheet" (the GPU catalogue's dense peak; on a CPU its ISA peak) and "measured"
+    (this device's stored, quiet matmul ceiling). A missing one has flops_per_s None and
+    says why in its label."""
+    _check_dtype(compute_dtype)
+    if device.kind == "cuda":
+        row = datasheet_row(device.name)
+        sheet = _datasheet_peak(row, compute_dtype) if row else None
+        datasheet = ({"flops_per_s": sheet.flops_per_s, "label": sheet.label or sheet.note}
+                     if sheet else {"flops_per_s": None,
+                                    "label": f"{device.name} is not in the datasheet table"})
+    else:
+        flops, _native, basis = isa_peak(device, compute_dtype)
+        datasheet = {"flops_per_s": flops,
+                     "label": f"ISA peak of this CPU for {compute_dtype}: {basis}"
+                     if flops else f"no ISA peak: {basis}"}
+    record, why_not = _cached_or_measured(device, compute_dtype, measure=False)
+    measured = ({"flops_per_s": record["flops_per_s"],
+                 "label": measured_label(compute_dtype, record)} if record else
+                {"flops_per_s": None, "label": why_not or (
+                    f"no quiet {compute_dtype} matmul measurement stored for this device "
+                    "(`python -m engine check` measures one)")})
+    return {"datasheet": datasheet, "measured": measured}
 
 
 def measure_peak(device: DeviceInfo, compute_dtype: str, budget_s: float = MEASURE_BUDGET_S,

@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.analysis.compare import config_diff, display_names, summary_table
-from engine.analysis.findings import findings, mfu_text, peak_words
+from engine.analysis.findings import both_mfu_words, findings, mfu_text, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import stored_verdict
@@ -245,7 +245,8 @@ _SUMMARY_COLUMNS = [
 
 def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> str:
     """What each run's MFU is relative to (a datasheet row, or a measured peak and when)."""
-    items = [f"<li>{_e(names.get(run_id, run_id))}: {_e(peak_words(run.summary))}</li>"
+    items = [f"<li>{_e(names.get(run_id, run_id))}: {_e(peak_words(run.summary))}"
+             + (f"<br>{_e(both)}" if (both := both_mfu_words(run.summary)) else "") + "</li>"
              for run_id, run in runs.items() if run.summary.get("mfu") is not None]
     return f"<p class=meta>MFU is relative to:</p><ul class=meta>{''.join(items)}</ul>" if items else ""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import traceback
 
-from engine.schema import plausible_mfu
+from engine.schema import mfus_against, plausible_mfu
 from engine.store import Store
 
 
@@ -58,6 +58,9 @@ def one_throughput_figure(stats: dict, summary: dict | None = None) -> dict:
         # carry no MFU: the same steady median, against that peak.
         figures["mfu"] = plausible_mfu(steady["achieved_tflops"] * 1e12,
                                        summary.get("peak_flops"))
+    peaks = summary.get("mfu_peaks")
+    if isinstance(peaks, dict) and "error" not in peaks and steady.get("achieved_tflops"):
+        figures["mfu_peaks"] = mfus_against(peaks, steady["achieved_tflops"])
     return figures
 
 

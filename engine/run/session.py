@@ -27,7 +27,7 @@ from engine.analysis.speedup import apply_verdicts, explain
 from engine.config import COMPUTE_DTYPES, Precision, RunConfig
 from engine.hardware.contention import logical_cores
 from engine.hardware.devices import EMULATED, get_device, mode_support
-from engine.hardware.peaks import note_achieved, peak_for
+from engine.hardware.peaks import note_achieved, peak_for, reference_peaks
 from engine.proc import become_subreaper, end_descendants
 from engine.schema import (
     DIVERGED,
@@ -38,6 +38,7 @@ from engine.schema import (
     RUNS_DIRNAME,
     STEADY,
     STOPPED,
+    mfus_against,
     plausible_mfu,
 )
 from engine.store import Store
@@ -165,6 +166,7 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
                                          measure=True)[0], spec)
     summary = result_summary(result, peak) if spec.lead else {}
     if spec.lead:
+        summary["mfu_peaks"] = both_mfus(spec, result.achieved_tflops)
         check_peak_beaten(spec.device_key, cfg, result.achieved_tflops,
                           peak / spec.parallel.world_size
                           if peak and spec.parallel is not None
@@ -180,6 +182,20 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
             summary["trace_path"] = run_relative_path(spec.run_id, summary["trace_path"])
         spec.sink.merge_summary(spec.run_id, summary)
     return Outcome(STOPPED if result.status == "stopped" else FINISHED, result.reason, summary)
+
+
+def both_mfus(spec: SessionSpec, achieved_tflops: float | None) -> dict[str, Any]:
+    """MFU against the datasheet peak (a CPU: its ISA peak) and against this device's
+    measured matmul ceiling, each with its peak named (run.finalize puts the steady median
+    in place of this mean once the rows are in)."""
+    try:
+        peaks = reference_peaks(get_device(spec.device_key),
+                                spec.cfg.precision_mode.compute_dtype)
+    except Exception as exc:  # noqa: BLE001 - MFU is optional; the run is not
+        return {"error": f"peaks unavailable: {exc}"}
+    for entry in peaks.values():
+        entry["flops_per_s"] = _per_run_peak(entry["flops_per_s"], spec)
+    return mfus_against(peaks, achieved_tflops)
 
 
 def _per_run_peak(peak: float | None, spec: SessionSpec) -> float | None:

@@ -1,0 +1,68 @@
+"""MFU against both peaks, each named: the datasheet's (the GPU catalogue row; a CPU's ISA
+peak, threads x clock x FLOP/cycle) and this device's measured matmul ceiling. The run's
+headline MFU is one of them (GPU: the datasheet; CPU: the measured ceiling), the same
+figure on every surface."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.analysis.findings import both_mfu_words
+from engine.hardware.devices import DeviceInfo, get_device
+from engine.hardware.gpus import DATASHEET_TFLOPS
+from engine.hardware.peaks import isa_peak, reference_peaks
+from engine.schema import mfus_against
+
+H100 = DeviceInfo(key="cuda:0", kind="cuda", name="NVIDIA H100 80GB HBM3", capability="sm90",
+                  memory_bytes=80 * 2**30, compute_capability=(9, 0))
+
+
+def test_a_gpu_in_the_catalogue_has_its_datasheet_peak_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(tmp_path))  # no measured record here
+    peaks = reference_peaks(H100, "bf16")
+    assert peaks["datasheet"]["flops_per_s"] == DATASHEET_TFLOPS["H100 SXM"]["bf16"] * 1e12
+    assert peaks["datasheet"]["label"] == "datasheet dense bf16 peak of the H100 SXM, 989 TFLOP/s"
+    assert peaks["measured"]["flops_per_s"] is None
+    assert "engine check" in peaks["measured"]["label"]
+
+
+def test_this_cpu_has_an_isa_peak_from_its_flags_and_clock():
+    device = get_device("cpu")
+    for dtype in ("fp32", "bf16"):
+        flops, native, basis = isa_peak(device, dtype, threads=2, clock_ghz=3.0)
+        assert flops and flops >= 2 * 3.0e9 * 16  # 16 FLOP/cycle at least (AVX2: 32, two FMA units)
+        assert "2 thread(s) x 3.00 GHz x" in basis
+        peaks = reference_peaks(device, dtype)
+        assert peaks["datasheet"]["label"].startswith(f"ISA peak of this CPU for {dtype}: ")
+        assert ("emulated" in peaks["datasheet"]["label"]) == (not native)
+
+
+def test_a_beaten_peak_says_so_instead_of_an_mfu_above_100_percent():
+    peaks = {"datasheet": {"flops_per_s": 100e12, "label": "datasheet"},
+             "measured": {"flops_per_s": 10e12, "label": "measured"}}
+    result = mfus_against(peaks, achieved_tflops=40.0)
+    assert result["datasheet"]["mfu"] == pytest.approx(0.4)
+    assert result["measured"]["mfu"] is None and "achieved more" in result["measured"]["note"]
+    again = mfus_against(result, achieved_tflops=5.0)  # recomputed: no stale note
+    assert again["measured"]["mfu"] == pytest.approx(0.5) and "note" not in again["measured"]
+    words = both_mfu_words({"mfu_peaks": result})
+    assert words.startswith("MFU 40.0 % against the datasheet peak (datasheet); n/a against "
+                            "the measured ceiling (the run achieved more")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_run_reports_both_mfus_and_its_headline_is_one_of_them(cli):
+    result = cli("run", "--model", "mlp", "--size", "tiny", "--device", "cpu", "--steps", "60",
+                 "--no-profile", "--json", timeout=200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    peaks = out["mfu_peaks"]
+    assert set(peaks) == {"datasheet", "measured"}
+    assert peaks["datasheet"]["label"].startswith("ISA peak of this CPU for fp32")
+    if out["mfu"] is not None:  # a quiet measured peak: MFU against it is the headline
+        assert peaks["measured"]["mfu"] == pytest.approx(out["mfu"], rel=1e-9)
+        assert peaks["measured"]["label"] == out["mfu_peak"]
+    assert peaks["datasheet"]["mfu"] is not None and 0 < peaks["datasheet"]["mfu"] <= 1
