@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.analysis.speedup import stored_verdict
+from engine.analysis.drift import drift_cell
+from engine.analysis.speedup import method_words, stored_verdict
 from engine.report.figures import speedup_forest_figure
 from pages.ui import fmt_bytes, fmt_num, plain
 
@@ -20,6 +21,7 @@ def _row_cells(row: dict, result: dict) -> dict:
             "throughput (samples/s)": fmt_num(row.get("samples_per_s"), 5),
             "speedup": fmt_num(row.get("speedup"), 3), "95 % interval": interval,
             "peak memory": fmt_bytes(row.get("peak_mem_bytes")),
+            "loss vs baseline": "" if row["mode"] == baseline else drift_cell(row.get("drift")),
             "blocks": row.get("blocks"), "verdict": verdict}
 
 
@@ -46,11 +48,6 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
     baseline = result.get("baseline")
     st.dataframe([_row_cells(row, result) for row in result.get("modes", [])],
                  hide_index=True, width="stretch")
-    st.caption(
-        f"{result.get('rounds')} rounds of {result.get('block_steps')} steps per mode, "
-        f"interleaved in one process; speedup = trimmed geometric mean of the per-round "
-        f"paired ratios, 95 % interval by bootstrap over rounds; peak memory per mode from "
-        f"the {result.get('memory_method')}. A difference is claimed only when its interval "
-        f"excludes 1.0.")
+    st.caption(method_words(result))
     for finding in result.get("findings") or []:
         st.markdown(f"- {plain(finding)}")

@@ -149,11 +149,12 @@ def test_cli_speedup_end_to_end_quiet_and_under_a_cpu_hog(cli):
 @pytest.mark.slow
 def test_cli_speedup_bad_input_exits_2_naming_the_field(cli):
     for args, needle in (
-        (["--precisions", "fp32"], "--speedup-modes 'fp32'"),
-        (["--precisions", "fp32,tf32"], "--speedup-modes 'tf32': not supported"),
+        (["--precisions", "fp32"], "--precisions 'fp32'"),  # named as the user typed it
+        (["--precisions", "fp32,tf32"], "--precisions 'tf32': not supported"),
+        (["--speedup-modes", "fp32,tf32"], "--speedup-modes 'tf32': not supported"),
         ([], "--precisions: missing"),
         (["--precisions", "fp32,bf16-amp", "--batch-size", "0"], "--batch-size 0"),
-        (["--precisions", "fp32,bf16-amp", "--budget-s", "1"], "--speedup-budget-s 1.0"),
+        (["--precisions", "fp32,bf16-amp", "--budget-s", "1"], "--budget-s 1.0"),
         (["--precisions", "fp32,bf16-amp", "--precision", "bf16-amp"], "--precision 'bf16-amp'"),
     ):
         proc = cli("speedup", "--model", "mlp", *args)

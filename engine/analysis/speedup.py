@@ -28,6 +28,8 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from engine.analysis.drift import drift_words
+
 CONFIDENCE = 0.95
 # The fewest rounds whose signed-rank interval reaches 95 %: with 6 rounds the widest
 # interval covers 1 - 2 / 2**6 = 96.9 %; with 5 only 93.8 %.
@@ -41,6 +43,18 @@ INCONCLUSIVE = "inconclusive"
 BASELINE = "baseline"
 CLAIMS = (FASTER, SLOWER)
 BUSY_REASON = "the machine was busy during the check"
+
+
+METHOD = ("Hodges-Lehmann estimate of the per-round paired log ratios, Wilcoxon signed-rank "
+          "95 % interval, modes in a random order every round")
+
+
+def method_words(result: Mapping[str, Any]) -> str:
+    """How a check's figures were made, in the words Live, Compare and the report print."""
+    return (f"{result.get('rounds')} rounds of {result.get('block_steps')} steps per mode, "
+            f"interleaved in one process; speedup = {METHOD}; peak memory per mode from the "
+            f"{result.get('memory_method')}. A difference is claimed only when its interval "
+            "excludes 1.0 and the machine was quiet.")
 
 
 EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here, normal above
@@ -305,12 +319,26 @@ def explain(result: dict[str, Any]) -> list[str]:
         if row.get("mode") == baseline or row.get("speedup") is None:
             continue
         verdict, _ = mode_verdict(row, baseline, contention)
+        quality = drift_words(row["mode"], baseline, row.get("drift"),
+                              speed=_speed_short(row, verdict))
+        if quality:  # speed at equal quality: the two halves of the answer together
+            findings.append(quality)
         if verdict == FASTER:
             continue
         sentence = why_words(row, baseline, verdict, result.get("gemm_shapes"))
         if sentence:
             findings.append(sentence)
     return findings
+
+
+def _speed_short(row: Mapping[str, Any], verdict: str) -> str:
+    """"1.9x faster", "no faster (1.02x)", "inconclusive": the speed half of a sentence."""
+    if verdict in CLAIMS:
+        ratio = row["speedup"] if verdict == FASTER else 1.0 / row["speedup"]
+        return f"{ratio:.2g}x {verdict}"
+    if verdict == NO_DIFFERENCE:
+        return f"no measurable difference ({row['speedup']:.2f}x)"
+    return "speed inconclusive"
 
 
 # At this share of the dtype's measured matmul rate the matmuls alone take at least this

@@ -88,19 +88,23 @@ def speedup_config(args: argparse.Namespace):
         args.speedup_budget_s = args.budget_s
     if args.target_pct is not None:
         args.speedup_target_pct = args.target_pct
-    # the config names its fields' own flags; say the ones the user typed
-    typed_as = {"--speedup-modes": given_as}
+    try:
+        return config_from_args(args)
+    except UsageError as exc:
+        raise _as_typed(exc, args) from None
+
+
+def _as_typed(exc: UsageError, args: argparse.Namespace) -> UsageError:
+    """The error naming the flag the user typed: the config names its fields' own flags
+    (--speedup-modes for --precisions, --speedup-budget-s for --budget-s)."""
+    typed_as = {"--speedup-modes": "--precisions" if args.precisions is not None
+                else "--speedup-modes"}
     if args.budget_s is not None:
         typed_as["--speedup-budget-s"] = "--budget-s"
     if args.target_pct is not None:
         typed_as["--speedup-target-pct"] = "--target-pct"
-    try:
-        return config_from_args(args)
-    except UsageError as exc:
-        flag, _, rest = str(exc).partition(" ")
-        if typed_as.get(flag, flag) != flag:
-            raise UsageError(f"{typed_as[flag]} {rest}") from None
-        raise
+    flag, _, rest = str(exc).partition(" ")
+    return UsageError(f"{typed_as[flag]} {rest}") if flag in typed_as else exc
 
 
 def requirements_of(args: argparse.Namespace, labels: list[str]) -> list[Requirement]:
@@ -118,7 +122,10 @@ def cmd_speedup(args: argparse.Namespace) -> int:
     cfg = speedup_config(args)
     requirements = requirements_of(args, mode_labels(cfg.speedup_mode_list))
     store = Store()
-    run_id = _launch_checked(cfg, store)
+    try:
+        run_id = _launch_checked(cfg, store)
+    except UsageError as exc:
+        raise _as_typed(exc, args) from None
     print(f"speedup check {run_id}: {', '.join(cfg.speedup_mode_list)} on {cfg.model_label} "
           f"bs{cfg.batch_size}, budget {cfg.speedup_budget_s:g} s", file=sys.stderr)
     try:
@@ -175,7 +182,7 @@ def check_result(run_id: str, store: Store) -> dict[str, Any]:
     for row in result.get("modes", []):
         entry = {key: row.get(key) for key in (
             "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low", "ci_high",
-            "coverage", "peak_mem_bytes", "blocks")}
+            "coverage", "peak_mem_bytes", "blocks", "drift")}
         # One rule for every surface: a busy check claims nothing (verdict inconclusive).
         verdict = judge(row, judged)  # verdict, verdict_reason, words
         entry.update(verdict, significant=verdict["verdict"] in CLAIMS,
@@ -189,7 +196,8 @@ def check_result(run_id: str, store: Store) -> dict[str, Any]:
             "memory_method": result.get("memory_method"),
             "contention": run.summary.get("contention") or result.get("contention"),
             "device": run.device_key, "device_name": run.device_name,
-            "model": run.config.model_label, "batch_size": run.config.batch_size}
+            "model": run.config.model_label, "batch_size": run.config.batch_size,
+            "noise_copy": result.get("noise_copy"), "findings": result.get("findings") or []}
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -208,4 +216,6 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"  {label:<14} {row['median_step_ms'] or 0:>9.2f} ms "
                      f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "
                      f"{ci:>13} {mem:>10}  {verdict}")
+    for finding in result.get("findings") or []:
+        lines.append(f"  - {finding}")
     return "\n".join(lines)

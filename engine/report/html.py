@@ -26,7 +26,8 @@ from engine.analysis.compare import config_diff, display_names, summary_table
 from engine.analysis.findings import both_mfu_words, findings, mfu_text, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
-from engine.analysis.speedup import stored_verdict
+from engine.analysis.drift import drift_cell
+from engine.analysis.speedup import method_words, stored_verdict
 from engine.analysis.traces import share_text
 from engine.report.export import write_file_atomically
 from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
@@ -84,13 +85,13 @@ def _speedup_html(check: RunRecord) -> str:
         rows.append([row["mode"], _fmt_cell(row.get("median_step_ms"), "{:,.2f}"),
                      _fmt_cell(row.get("samples_per_s"), "{:,.1f}"),
                      _fmt_cell(row.get("speedup"), "{:.3f}"), interval,
-                     _fmt_cell(row.get("peak_mem_bytes"), "mib"), row.get("blocks"), verdict])
+                     _fmt_cell(row.get("peak_mem_bytes"), "mib"), row.get("blocks"),
+                     "" if row["mode"] == result.get("baseline") else drift_cell(row.get("drift")),
+                     verdict])
     table = _html_table(["mode", "median step (ms)", "samples/s", "speedup", "95 % interval",
-                         "peak memory (MiB)", "blocks", "verdict"], rows, {1, 2, 3, 5, 6})
-    method = (f"<p class=meta>{result.get('rounds')} rounds of {result.get('block_steps')} "
-              "steps per mode, interleaved in one process; speedup = trimmed geometric mean "
-              "of the per-round paired ratios, 95 % interval by bootstrap over rounds; peak "
-              f"memory from the {_e(result.get('memory_method'))}.</p>")
+                         "peak memory (MiB)", "blocks", "loss vs baseline", "verdict"], rows,
+                        {1, 2, 3, 5, 6})
+    method = f"<p class=meta>{_e(method_words(result))}</p>"
     findings_html = _findings_list(result.get("findings") or []) if result.get("findings") else ""
     return (head + machine + _figure_div(speedup_forest_figure(result)) + table + method
             + findings_html)

@@ -33,8 +33,16 @@ from typing import Any, Callable
 
 import torch
 
-from engine.analysis.speedup import MIN_ROUNDS, mode_labels, summarise, widest_half_width_pct
+from engine.analysis.speedup import (
+    METHOD,
+    MIN_ROUNDS,
+    mode_labels,
+    summarise,
+    widest_half_width_pct,
+)
+from engine.analysis.drift import NOISE_SEED_OFFSET, loss_drift
 from engine.config import RunConfig
+from engine.training.input_pipeline import builtin_source
 from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
 
 WARMUP_STEPS_MIN = 2
@@ -60,23 +68,34 @@ def _resident_bytes(trainer: Trainer) -> int:
 
 
 class _Mode:
-    def __init__(self, label: str, cfg: RunConfig, device: torch.device):
+    def __init__(self, label: str, cfg: RunConfig, device: torch.device,
+                 init_seed: int | None = None):
         self.label = label
-        self.trainer = Trainer(cfg, device)
+        self.trainer = Trainer(cfg if init_seed is None else cfg.replace(seed=init_seed), device)
+        if init_seed is not None and self.trainer.workload is None:
+            # The noise copy: another initialisation, the baseline's batches (the seed
+            # also picks a built-in task's data and teacher)
+            self.trainer.batches.close()
+            self.trainer.batches = builtin_source(cfg, device)
         self.steps_done = 0
         self.block_ms: list[float] = []
+        self.block_loss: list[float] = []  # mean loss of each timed block (same batches)
+        self.last_block_loss = math.nan
         self.peak_increment_bytes = 0
 
     def run_steps(self, count: int, device: torch.device) -> float:
-        """`count` optimizer steps; returns their wall time in seconds (device synced)."""
+        """`count` optimizer steps; returns their wall time in seconds (device synced).
+        The block's mean loss is summed on the device and read once, at the end."""
         _sync(device)
         start_s = time.perf_counter()
-        loss = None
+        total = None
         for _ in range(count):
             self.steps_done += 1
             loss, _ = self.trainer.step(self.steps_done, want_grad_norm=False)
-        if loss is not None:
-            float(loss.item())  # the last step's work is done before the clock stops
+            total = loss.float() if total is None else total + loss.float()
+        if total is not None:
+            # the last step's work is done before the clock stops
+            self.last_block_loss = float(total.item()) / count
         _sync(device)
         return time.perf_counter() - start_s
 
@@ -133,14 +152,19 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     base_cfg = cfg.replace(speedup_modes="", profile=False, numerics=False)
     modes = [_Mode(label, base_cfg.replace(precision=mode), device)
              for label, mode in zip(labels, modes_wanted)]
+    # The loss-drift noise floor: the baseline again from another initialisation, trained
+    # on the same batches between the timed blocks; it never enters a speed figure.
+    noise = _Mode(f"{labels[0]} (seed +{NOISE_SEED_OFFSET})", modes[0].trainer.cfg, device,
+                  init_seed=cfg.seed + NOISE_SEED_OFFSET)
     warmup_steps = max(WARMUP_STEPS_MIN, cfg.warmup_steps)
-    for mode in modes:
+    for mode in [*modes, noise]:
         mode.run_steps(warmup_steps, device)
     # Counted once per mode, so every mode's batch stream stays at the same step.
-    flops = [measure_flops_per_step(mode.trainer) for mode in modes]
+    flops = [measure_flops_per_step(mode.trainer) for mode in [*modes, noise]][:len(modes)]
     flops_per_step = next((f for f in flops if f), None)
     block_steps = _block_steps(modes, device)
     memory_method = _measure_cpu_memory(modes) if device.type != "cuda" else "cuda"
+    noise.run_steps(modes[0].steps_done - noise.steps_done, device)  # the same steps so far
     started_s = time.perf_counter()
     stopped_by = "budget"
     order_rng = random.Random(cfg.seed + ORDER_SEED_OFFSET)
@@ -153,10 +177,12 @@ def measure_speedup(cfg: RunConfig, device_key: str,
         # favour one position, and the interval then missed an A/A check's 1.0 too often).
         for mode in order_rng.sample(modes, len(modes)):
             _timed_block(mode, block_steps, device)
+        noise.run_steps(block_steps, device)  # untimed, after the round's timed blocks
+        noise.block_loss.append(noise.last_block_loss)
         on_round()
         elapsed_s = time.perf_counter() - started_s
         result = _result(cfg, labels, modes, block_steps, elapsed_s, memory_method,
-                         flops_per_step)
+                         flops_per_step, noise)
         width = result["widest_half_width_pct"]
         if round_index + 1 >= MIN_ROUNDS and width is not None and width <= cfg.speedup_target_pct:
             stopped_by = "target"
@@ -167,7 +193,7 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     else:
         stopped_by = "round limit"
     result = _result(cfg, labels, modes, block_steps, time.perf_counter() - started_s,
-                     memory_method, flops_per_step)
+                     memory_method, flops_per_step, noise)
     result["stopped_by"] = stopped_by
     return result
 
@@ -178,6 +204,7 @@ def _timed_block(mode: _Mode, block_steps: int, device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     elapsed_s = mode.run_steps(block_steps, device)
     mode.block_ms.append(elapsed_s * 1000.0 / block_steps)
+    mode.block_loss.append(mode.last_block_loss)
     if device.type == "cuda":
         increment = torch.cuda.max_memory_allocated(device) - before
         mode.peak_increment_bytes = max(mode.peak_increment_bytes, int(increment))
@@ -193,12 +220,15 @@ def _measure_cpu_memory(modes: list[_Mode]) -> str:
 
 
 def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: int,
-            elapsed_s: float, memory_method: str, flops_per_step: float | None
-            ) -> dict[str, Any]:
+            elapsed_s: float, memory_method: str, flops_per_step: float | None,
+            noise: _Mode) -> dict[str, Any]:
     trainer = modes[0].trainer
     rows = summarise(labels, {m.label: m.block_ms for m in modes}, trainer.samples_per_step,
                      trainer.tokens_per_sample, labels[0])
     for row, mode in zip(rows, modes):
+        row["drift"] = (None if mode is modes[0] else
+                        loss_drift(modes[0].block_loss, mode.block_loss, noise.block_loss,
+                                   mode.steps_done))
         row["peak_mem_bytes"] = (None if mode.peak_increment_bytes < 0
                                  else _resident_bytes(mode.trainer) + mode.peak_increment_bytes)
         row["achieved_flops_per_s"] = (flops_per_step * 1000.0 / row["median_step_ms"]
@@ -210,6 +240,9 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
         "widest_half_width_pct": widest_half_width_pct(rows, labels[0]),
         "memory_method": memory_method, "flops_per_step": flops_per_step,
         "block_ms": {m.label: [round(ms, 6) for ms in m.block_ms] for m in modes},
-        "method": "median paired ratio, sign-test 95 % interval, random order per round",
+        "block_loss": {m.label: [round(loss, 6) for loss in m.block_loss]
+                       for m in [*modes, noise]},
+        "noise_copy": noise.label,
+        "method": METHOD,
         "batch_size": cfg.batch_size, "model": f"{cfg.model}-{cfg.size}",
     }
