@@ -8,7 +8,7 @@ import streamlit as st
 
 from engine.analysis.drift import drift_cell
 from engine.analysis.speedup import method_words, stored_verdict
-from engine.report.figures import speedup_forest_figure
+from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
 from pages.ui import fmt_bytes, fmt_num, plain
 
 
@@ -45,6 +45,9 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
     elif contention.get("words"):
         st.caption(plain(contention["words"]))
     st.plotly_chart(theme=None, figure_or_data=speedup_forest_figure(result), key=f"{key}_forest")
+    memory = memory_by_kind_figure(result)
+    if memory is not None:
+        st.plotly_chart(theme=None, figure_or_data=memory, key=f"{key}_memory")
     baseline = result.get("baseline")
     st.dataframe([_row_cells(row, result) for row in result.get("modes", [])],
                  hide_index=True, width="stretch")

@@ -69,3 +69,37 @@ def test_a_real_check_reports_each_modes_drift_and_an_aa_copy_drifts_by_nothing(
     assert losses["fp32"] != losses[result["noise_copy"]]  # another initialisation
     findings = explain(result)
     assert any(f.startswith("bf16-amp: ") and "of fp32 after" in f for f in findings), findings
+    # memory by kind, from the same check: autocast keeps fp32 weights, so every mode holds
+    # the same parameters, gradients and optimizer state; the rest is what the step adds
+    kinds = [rows[label]["memory_by_kind"] for label in ("fp32", "fp32 (2)", "bf16-amp")]
+    for kind in kinds:
+        assert kind["parameters"] + kind["gradients"] + kind["optimizer_state"] \
+            + kind["master_copies"] + kind["rest"] == kind["peak"] or kind["counted_exceeds_peak"]
+        assert kind["parameters"] == kind["gradients"] > 0 and kind["master_copies"] == 0
+        assert kind["optimizer_state"] >= 2 * kind["parameters"]  # AdamW: two moments
+    assert len({(k["parameters"], k["gradients"], k["optimizer_state"]) for k in kinds}) == 1
+    from engine.report.figures import memory_by_kind_figure
+
+    figure = memory_by_kind_figure(result)
+    assert [trace.name for trace in figure.data] == [
+        "parameters", "gradients", "optimizer state", "fp32 master copies",
+        "activations, autocast cache, workspace"]
+
+
+def test_bf16_pure_holds_half_the_weights_gradients_and_optimizer_state():
+    import torch
+
+    from engine.training.loop import Trainer
+    from engine.training.speedup import memory_by_kind
+
+    kinds = {}
+    for precision in ("fp32", "bf16-pure"):
+        cfg = RunConfig(model="mlp", size="tiny", batch_size=8, device="cpu", profile=False,
+                        precision=precision)
+        trainer = Trainer(cfg, torch.device("cpu"))
+        trainer.step(1)  # the optimizer's state exists after its first step
+        kinds[precision] = memory_by_kind(trainer, peak_bytes=2**30)
+    for key in ("parameters", "gradients"):
+        assert kinds["bf16-pure"][key] * 2 == kinds["fp32"][key]
+    assert kinds["bf16-pure"]["optimizer_state"] < kinds["fp32"]["optimizer_state"]
+    assert memory_by_kind(trainer, None) is None  # no measured peak: no split

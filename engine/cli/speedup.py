@@ -182,7 +182,7 @@ def check_result(run_id: str, store: Store) -> dict[str, Any]:
     for row in result.get("modes", []):
         entry = {key: row.get(key) for key in (
             "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low", "ci_high",
-            "coverage", "peak_mem_bytes", "blocks", "drift")}
+            "coverage", "peak_mem_bytes", "memory_by_kind", "blocks", "drift")}
         # One rule for every surface: a busy check claims nothing (verdict inconclusive).
         verdict = judge(row, judged)  # verdict, verdict_reason, words
         entry.update(verdict, significant=verdict["verdict"] in CLAIMS,

@@ -190,3 +190,30 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
     fig.update_yaxes(automargin=True)
     fig.update_xaxes(automargin=True)
     return fig
+
+
+MEMORY_KINDS = (("parameters", "parameters"), ("gradients", "gradients"),
+                ("optimizer_state", "optimizer state"), ("master_copies", "fp32 master copies"),
+                ("rest", "activations, autocast cache, workspace"))
+
+
+def memory_by_kind_figure(result: Mapping[str, Any]) -> go.Figure | None:
+    """A paired speedup check's peak memory per mode, stacked by what holds it
+    (engine.training.speedup.memory_by_kind); None when no mode has the split."""
+    rows = [row for row in result.get("modes", []) if row.get("memory_by_kind")]
+    if not rows:
+        return None
+    modes = [html.escape(str(row["mode"])) for row in rows]
+    fig = go.Figure()
+    for index, (key, label) in enumerate(MEMORY_KINDS):
+        mib = [row["memory_by_kind"][key] / 2**20 for row in rows]
+        fig.add_trace(go.Bar(y=modes, x=mib, name=label, orientation="h",
+                             marker_color=_color(index),
+                             hovertemplate=f"{label}: %{{x:,.1f}} MiB<extra></extra>"))
+    fig.update_layout(barmode="stack", title={"text": "Peak memory by kind (MiB)", "x": 0,
+                                              "xanchor": "left"},
+                      xaxis_title="MiB", height=140 + 50 * len(rows),
+                      legend={"orientation": "h", "y": -0.35},
+                      margin={"l": 110, "r": 30, "t": 60, "b": 90}, template=PLOT_TEMPLATE)
+    fig.update_yaxes(automargin=True)
+    return fig

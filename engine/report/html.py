@@ -30,7 +30,12 @@ from engine.analysis.drift import drift_cell
 from engine.analysis.speedup import method_words, stored_verdict
 from engine.analysis.traces import share_text
 from engine.report.export import write_file_atomically
-from engine.report.figures import PLOTLY_CONFIG, comparison_figures, speedup_forest_figure
+from engine.report.figures import (
+    PLOTLY_CONFIG,
+    comparison_figures,
+    memory_by_kind_figure,
+    speedup_forest_figure,
+)
 from engine.store import RunRecord, Store
 
 
@@ -93,7 +98,9 @@ def _speedup_html(check: RunRecord) -> str:
                         {1, 2, 3, 5, 6})
     method = f"<p class=meta>{_e(method_words(result))}</p>"
     findings_html = _findings_list(result.get("findings") or []) if result.get("findings") else ""
-    return (head + machine + _figure_div(speedup_forest_figure(result)) + table + method
+    memory = memory_by_kind_figure(result)
+    return (head + machine + _figure_div(speedup_forest_figure(result))
+            + (_figure_div(memory) if memory is not None else "") + table + method
             + findings_html)
 
 

@@ -58,13 +58,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _parameter_bytes(trainer: Trainer) -> int:
+    return int(sum(p.numel() * p.element_size() for p in trainer.module.parameters()))
+
+
+def _optimizer_state_bytes(trainer: Trainer) -> int:
+    return int(sum(v.numel() * v.element_size() for state in trainer.optimizer.state.values()
+                   for v in state.values() if isinstance(v, torch.Tensor)))
+
+
 def _resident_bytes(trainer: Trainer) -> int:
     """Weights and optimizer state of one mode (gradients are freed after each step)."""
-    total = sum(p.numel() * p.element_size() for p in trainer.module.parameters())
-    for state in trainer.optimizer.state.values():
-        total += sum(v.numel() * v.element_size() for v in state.values()
-                     if isinstance(v, torch.Tensor))
-    return int(total)
+    return _parameter_bytes(trainer) + _optimizer_state_bytes(trainer)
+
+
+def memory_by_kind(trainer: Trainer, peak_bytes: int | None) -> dict[str, Any] | None:
+    """A mode's peak split by what holds it: parameters, optimizer state and gradients
+    counted exactly from the model and the optimizer (a gradient per trainable parameter,
+    in its dtype, all alive at the step's peak); no mode here keeps separate fp32 master
+    copies (autocast computes from the fp32 weights, bf16-pure updates bf16 weights in
+    place); the rest of the measured peak is activations, the autocast cast cache and
+    kernel workspace."""
+    if peak_bytes is None:
+        return None
+    params = _parameter_bytes(trainer)
+    grads = int(sum(p.numel() * p.element_size() for p in trainer.params))
+    state = _optimizer_state_bytes(trainer)
+    counted = params + grads + state
+    return {"parameters": params, "gradients": grads, "optimizer_state": state,
+            "master_copies": 0, "rest": max(0, int(peak_bytes) - counted),
+            "peak": int(peak_bytes), "counted_exceeds_peak": counted > peak_bytes}
 
 
 class _Mode:
@@ -231,6 +254,7 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
                                    mode.steps_done))
         row["peak_mem_bytes"] = (None if mode.peak_increment_bytes < 0
                                  else _resident_bytes(mode.trainer) + mode.peak_increment_bytes)
+        row["memory_by_kind"] = memory_by_kind(mode.trainer, row["peak_mem_bytes"])
         row["achieved_flops_per_s"] = (flops_per_step * 1000.0 / row["median_step_ms"]
                                        if flops_per_step and row["median_step_ms"] else None)
     return {
