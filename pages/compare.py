@@ -249,7 +249,9 @@ for other in (r for r in runs if r.id != baseline):
     if diff.get("error"):
         st.caption(f"{plain(names[other.id])}: {plain(diff['error'])}")
         continue
-    st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}:** {plain(diff['sentence'])}")
+    differs = "; ".join(diff.get("differs") or []) or "nothing but what is compared below"
+    st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}** (they differ in: "
+                f"{plain(differs)}): {plain(diff['sentence'])}")
     for caveat in diff.get("caveats") or []:
         show_caveat(caveat)
     st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")

@@ -288,6 +288,10 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     # labels are the runs' (user-typed) labels: text, never Markdown
     label_a, label_b = plain(diff["label_a"]), plain(diff["label_b"])
     st.subheader(f"Why B ({label_b}) against A ({label_a})")
+    differs = diff.get("differs") or []
+    # what differs comes before any ratio: a ratio across models is not a precision's
+    st.markdown(("**A and B differ in:** " + plain("; ".join(differs))) if differs
+                else "**A and B differ in:** nothing the traces show but what is compared below")
     if files:
         st.caption(f"A: {plain(files[0])} · B: {plain(files[1])}")
     st.info(plain(diff["sentence"]))

@@ -222,7 +222,16 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
     if device_a and device_b and device_a != device_b:
         caveats.append(_caveat(f"A ran on {device_a}, B on {device_b}: the parts compare two "
                                "different GPUs, not only two precisions"))
+    differs = what_differs(parsed_a, parsed_b, names_a, names_b)
+    shared = shared_work_share(names_a, names_b)
+    if shared is not None and shared < SAME_WORK_SHARE:
+        caveats.insert(0, _caveat(
+            f"A and B ran different work: only {shared * 100:.0f} % of A's "
+            f"{'kernel' if parsed_a.is_gpu else 'op'} time is in names B also ran (different "
+            "models, shapes or batch sizes), so the ratio compares two workloads, not two "
+            "precisions"))
     return {
+        "differs": differs,
         "kind": acc_a["kind"], "label_a": label_a, "label_b": label_b,
         "source_a": parsed_a.source, "source_b": parsed_b.source,
         "device_a": device_a, "device_b": device_b, "caveats": caveats,
@@ -234,6 +243,48 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
         "only_in_b": _only_in(names_b, names_a, acc_b["window"]["step_count"]),
         "bound_by_a": bound_by(acc_a), "bound_by_b": bound_by(acc_b),
     }
+
+
+# Below this share of A's time in kernel (or op) names B also ran, A and B are not the same
+# workload: a V100 ResNet-50 against an H100 BERT shares almost none.
+SAME_WORK_SHARE = 0.5
+
+
+def shared_work_share(names_a: dict[str, dict], names_b: dict[str, dict]) -> float | None:
+    """The share of A's time in kernel or op names that B ran too (1.0: the same names)."""
+    total = sum(entry["us"] for entry in names_a.values())
+    if total <= 0:
+        return None
+    return sum(entry["us"] for name, entry in names_a.items() if name in names_b) / total
+
+
+def what_differs(parsed_a: ParsedTrace, parsed_b: ParsedTrace, names_a: dict[str, dict],
+                 names_b: dict[str, dict]) -> list[str]:
+    """What two traces differ in, in the order a heading names them: the device, the
+    precision of the matrix work, the work itself."""
+    differs = []
+    device_a, device_b = parsed_a.table.attrs.get("device"), parsed_b.table.attrs.get("device")
+    if device_a and device_b and device_a != device_b:
+        differs.append(f"device ({device_a} vs {device_b})")
+    dtype_a, dtype_b = _label(parsed_a, None, "?"), _label(parsed_b, None, "?")
+    if "?" not in (dtype_a, dtype_b) and dtype_a != dtype_b:
+        differs.append(f"precision ({dtype_a} vs {dtype_b})")
+    shared = shared_work_share(names_a, names_b)
+    if shared is not None and shared < SAME_WORK_SHARE:
+        differs.append(f"the work ({shared * 100:.0f} % of A's time in names B ran: "
+                       "different models, shapes or batch sizes)")
+    return differs
+
+
+def config_differences(cfg_a, cfg_b) -> list[str]:
+    """What two runs' configs differ in, as what_differs says it: model, batch, precision."""
+    differs = []
+    for name, a, b in (("model", cfg_a.model_label, cfg_b.model_label),
+                       ("batch", cfg_a.batch_size, cfg_b.batch_size),
+                       ("precision", cfg_a.precision, cfg_b.precision)):
+        if a != b:
+            differs.append(f"{name} ({a} vs {b})")
+    return differs
 
 
 def run_trace_path(store, run) -> Path | None:
@@ -257,6 +308,9 @@ def explain_runs(store, run_a, run_b) -> dict | None:
     except ValueError as exc:
         return {"error": str(exc).replace(str(store.home), "<data dir>")}
     diff["caveats"] = diff["caveats"] + run_caveats(diff, run_a.summary, run_b.summary)
+    # the runs' configs say what the traces can only guess (model, batch)
+    guessed = [d for d in diff["differs"] if not d.startswith(("the work", "precision"))]
+    diff["differs"] = guessed + config_differences(run_a.config, run_b.config)
     return diff
 
 

@@ -101,6 +101,17 @@ def tags_text(tags: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" if v else k for k, v in sorted(tags.items()))
 
 
+def progress_text(run: RunRecord) -> str:
+    """How far a run got: "412/1000" steps; a speedup check trains no run steps, its
+    progress is its rounds ("23 rounds, 4 modes")."""
+    cfg = run.config
+    if not cfg.is_speedup_check:
+        return f"{run.steps_completed}/{run.total_steps}"
+    rounds = (run.summary.get("speedup") or {}).get("rounds")
+    modes = len(cfg.speedup_mode_list)
+    return f"{rounds if rounds is not None else 0} rounds, {modes} modes"
+
+
 def run_row(run: RunRecord) -> dict[str, Any]:
     """One run as the Runs table and `list --json` show it."""
     s, cfg = run.summary, run.config
@@ -110,7 +121,7 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "model": cfg.model_label,
         "precision": (f"speedup check: {', '.join(cfg.speedup_mode_list)}"
                       if cfg.is_speedup_check else str(cfg.precision)),
-        "steps": f"{run.steps_completed}/{run.total_steps}", "tags": tags_text(run.tags),
+        "steps": progress_text(run), "tags": tags_text(run.tags),
         "note": run.note, "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
         "duration_s": _finite(run.duration_s), "batch_size": cfg.batch_size, "label": cfg.label,
         "throughput": _finite(s.get(throughput_column(cfg.model))),

@@ -301,6 +301,8 @@ def format_diff(diff: dict) -> str:
 
     a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])
     lines = [f"{a}: {diff['source_a']}", f"{b}: {diff['source_b']}",
+             "A and B differ in: " + ("; ".join(diff.get("differs") or [])
+                                      or "nothing the traces show but what is compared below"),
              f"Step {_ms(diff['step_time_a_us'])} ms -> {_ms(diff['step_time_b_us'])} ms",
              diff["sentence"]]
     lines += [("warning: " if c["severity"] == "warning" else "note: ") + c["text"]

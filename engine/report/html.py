@@ -310,7 +310,9 @@ def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame)
             continue
         caveats = "".join(f"<p class={'warn' if c['severity'] == 'warning' else 'meta'}>"
                           f"{_e(c['text'])}</p>" for c in diff.get("caveats") or [])
+        differs = "; ".join(diff.get("differs") or []) or "nothing but what is compared below"
         blocks.append(f"<h3>{_e(run.config.label)} vs {_e(runs[base_id].config.label)}</h3>"
+                      f"<p><b>They differ in:</b> {_e(differs)}</p>"
                       f"<p>{_e(diff['sentence'])}</p>" + caveats
                       + _records_table(parts_rows(diff)) + _only_in_html(diff))
     return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"

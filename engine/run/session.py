@@ -483,8 +483,12 @@ def run_trainer(run_id: str, store: Store) -> int:
         print(f"[trainer] run {run_id}: no longer this trainer's; not recording", flush=True)
         return 0
     finish(store, run_id, outcome)
-    steps = outcome.summary.get("steps_completed", store.get_run(run_id).steps_completed)
-    print(f"[trainer] run {run_id}: {outcome.status} after {steps} steps", flush=True)
+    if cfg.is_speedup_check:  # no run steps: its rounds are its progress
+        rounds = (outcome.summary.get("speedup") or {}).get("rounds", 0)
+        print(f"[trainer] run {run_id}: {outcome.status} after {rounds} rounds", flush=True)
+    else:
+        steps = outcome.summary.get("steps_completed", store.get_run(run_id).steps_completed)
+        print(f"[trainer] run {run_id}: {outcome.status} after {steps} steps", flush=True)
     return 1 if outcome.failed else 0
 
 

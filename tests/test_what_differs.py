@@ -1,0 +1,48 @@
+"""B against A says what differs before any ratio (device, precision, the work itself; for
+two runs their model, batch and precision from the configs), and a speedup check's progress
+is its rounds, not "0/60 steps"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.analysis.explain import config_differences, explain_diff
+from engine.analysis.runs import progress_text, run_row
+from engine.config import RunConfig
+
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+V100_RESNET = TRACES / "v100_resnet50_kineto_v1.json.gz"
+H100_BERT = TRACES / "h100_bert_small_tracelens.json.gz"
+
+
+def test_two_different_models_on_two_gpus_are_named_so_before_the_ratio():
+    diff = explain_diff(V100_RESNET, H100_BERT)
+    assert diff["differs"][0] == "device (Tesla V100-DGXS-32GB vs NVIDIA H100 80GB HBM3)"
+    assert diff["differs"][1] == "precision (fp32 vs bf16)"
+    assert diff["differs"][2].startswith("the work (0 % of A's time in names B ran")
+    first = diff["caveats"][0]
+    assert first["severity"] == "warning" and "compares two workloads, not two precisions" in first["text"]
+
+
+def test_a_trace_against_itself_differs_in_nothing():
+    diff = explain_diff(H100_BERT, H100_BERT)
+    assert diff["differs"] == []
+    assert not any("different work" in c["text"] for c in diff["caveats"])
+
+
+def test_two_runs_configs_say_model_batch_and_precision():
+    a = RunConfig(model="gpt", size="small", batch_size=8, precision="fp32")
+    b = RunConfig(model="mlp", size="small", batch_size=16, precision="bf16-amp")
+    assert config_differences(a, b) == [f"model ({a.model_label} vs {b.model_label})",
+                                        "batch (8 vs 16)", "precision (fp32 vs bf16-amp)"]
+    assert config_differences(a, a) == []
+
+
+def test_a_speedup_check_on_runs_shows_rounds_not_steps(store):
+    check = RunConfig(model="mlp", size="tiny", device="cpu", speedup_modes="fp32,bf16-amp")
+    run_id = store.create_run(check, "cpu", "CPU")
+    assert progress_text(store.get_run(run_id)) == "0 rounds, 2 modes"
+    store.merge_summary(run_id, {"speedup": {"rounds": 23}})
+    assert run_row(store.get_run(run_id))["steps"] == "23 rounds, 2 modes"
+    plain = store.create_run(RunConfig(model="mlp", size="tiny", steps=60, device="cpu"), "cpu")
+    assert run_row(store.get_run(plain))["steps"] == "0/60"
