@@ -173,3 +173,20 @@ def test_a_search_whose_process_died_reads_as_failed_in_one_line(store):
     state = batch_search_progress(store, run_id)
     assert state["state"] == "failed"
     assert "\n" not in state["error"] and "batch_search.log" in state["error"]
+
+
+def test_an_incomplete_search_says_the_range_it_left_untried():
+    from engine.run.batch_search import search_outcome
+
+    def outcome(fit, oom, complete, max_batch=4096):
+        return search_outcome({"device_key": "cpu", "max_batch": max_batch, "result": {
+            "max_batch_fit": fit, "first_oom_batch": oom, "complete": complete,
+            "max_batch_searched": max_batch}})
+
+    assert outcome(1152, 1280, False) == (
+        "Largest batch that fits on cpu (no memory cap set): 1152 (1280 did not); search "
+        "incomplete (probe limit reached): 1153-1279 not tried, the answer lies there or is "
+        "1152.")
+    assert outcome(512, None, False).endswith("513-4096 not tried, a larger batch may fit.")
+    assert outcome(1152, 1280, True) == (
+        "Largest batch that fits on cpu (no memory cap set): 1152 (1280 did not).")

@@ -250,8 +250,20 @@ def search_outcome(state: dict[str, Any]) -> str:
     elif fit >= int(result.get("max_batch_searched") or state.get("max_batch") or fit):
         text += " (the largest searched)"
     if not result.get("complete"):
-        text += "; search incomplete (probe limit reached), larger may fit"
+        text += "; search incomplete (probe limit reached): " + _open_range(fit, oom, result, state)
     return text + "."
+
+
+def _open_range(fit: int, oom: int | None, result: dict[str, Any], state: dict[str, Any]) -> str:
+    """What an incomplete search left untried: between the largest fit and the first OOM,
+    or above the largest fit up to the search's limit."""
+    if oom:
+        if oom - fit <= 1:
+            return "nothing between them is left"
+        return f"{fit + 1}-{oom - 1} not tried, the answer lies there or is {fit}"
+    limit = int(result.get("max_batch_searched") or state.get("max_batch") or fit)
+    return (f"{fit + 1}-{limit} not tried, a larger batch may fit" if limit > fit
+            else "nothing larger was to be tried")
 
 
 def run_background(run_id: str, max_batch: int, max_probes: int) -> int:
