@@ -241,6 +241,7 @@ for bounded in runs:  # what limits each run's step, from its profiler window
         st.caption(f"{plain(names[bounded.id])}: {plain(verdict['sentence'])}")
 base_run = next(r for r in runs if r.id == baseline)
 compared_any = False
+caveats_shown: set[str] = set()  # a run's busy caveat is in every pair it is part of: once
 for other in (r for r in runs if r.id != baseline):
     diff = _diff(str(store.home), base_run.id, other.id, base_run.ended_at, other.ended_at)
     if diff is None:
@@ -253,7 +254,9 @@ for other in (r for r in runs if r.id != baseline):
     st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}** (they differ in: "
                 f"{plain(differs)}): {plain(diff['sentence'])}")
     for caveat in diff.get("caveats") or []:
-        show_caveat(caveat)
+        if caveat["text"] not in caveats_shown:
+            caveats_shown.add(caveat["text"])
+            show_caveat(caveat)
     st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")
     only = [*(("only in " + names[baseline], r) for r in diff["only_in_a"][:5]),
             *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]
