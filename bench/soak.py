@@ -2,7 +2,7 @@
 
     python -m bench.soak [--runs 30] [--seed 0] [--forking] [--json]
 
-Each run (mlp-tiny, CPU) is launched as the app launches it, with a standby trainer
+Each run (mlp-tiny, CPU, one thread) is launched as the app launches it, with a standby trainer
 ready when one is; after a random 0.3-2.5 s one of its processes is SIGKILLed (or none,
 one run in five). Then, after every run has ended:
   - no process of the soak is left (supervisors, trainers, standbys, by data directory);
@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="precision-lab-soak-") as tmp:
         os.environ["PRECISION_LAB_HOME"] = str(Path(tmp) / "home")
         os.environ["PRECISION_LAB_STANDBY"] = "1"
+        # One thread per trainer: the soak checks process hygiene, not speed, and under a
+        # hog torch's 2 threads wait in OpenMP barriers for the preempted one (a 3000-step
+        # run took ~3 min instead of ~15 s), so runs outlived every bound on their status.
+        os.environ["OMP_NUM_THREADS"] = "1"
         workload = _forking_workload(Path(tmp)) if args.forking else None
         result = soak(Path(tmp) / "home", args.runs, random.Random(args.seed), workload)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
