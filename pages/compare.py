@@ -19,7 +19,7 @@ from engine.analysis.compare import (
 )
 from engine.analysis.findings import findings, mfu_text
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.analysis.explain import explain_runs, parts_rows
+from engine.analysis.explain import differs_words, explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
 from engine.analysis.traces import share_text, short_kernel_name
 from engine.config import ConfigError
@@ -250,9 +250,8 @@ for other in (r for r in runs if r.id != baseline):
     if diff.get("error"):
         st.caption(f"{plain(names[other.id])}: {plain(diff['error'])}")
         continue
-    differs = "; ".join(diff.get("differs") or []) or "nothing but what is compared below"
     st.markdown(f"**{plain(names[other.id])} vs {plain(names[baseline])}** (they differ in: "
-                f"{plain(differs)}): {plain(diff['sentence'])}")
+                f"{plain(differs_words(diff))}): {plain(diff['sentence'])}")
     for caveat in diff.get("caveats") or []:
         if caveat["text"] not in caveats_shown:
             caveats_shown.add(caveat["text"])

@@ -15,6 +15,7 @@ from engine.analysis.accounting import part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.analysis.explain import analyze as analyze_trace_file
 from engine.analysis.explain import (
+    differs_words,
     explain_diff,
     explain_runs,
     only_in_rows,
@@ -24,6 +25,7 @@ from engine.analysis.explain import (
 )
 from engine.analysis.trace_parser import load_trace
 from engine.analysis.traces import share_text, short_kernel_name
+from engine.analysis.whatif import projection_rows, rate_words, run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, show_caveat, status_badge
@@ -288,10 +290,8 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     # labels are the runs' (user-typed) labels: text, never Markdown
     label_a, label_b = plain(diff["label_a"]), plain(diff["label_b"])
     st.subheader(f"Why B ({label_b}) against A ({label_a})")
-    differs = diff.get("differs") or []
     # what differs comes before any ratio: a ratio across models is not a precision's
-    st.markdown(("**A and B differ in:** " + plain("; ".join(differs))) if differs
-                else "**A and B differ in:** nothing the traces show but what is compared below")
+    st.markdown(f"**A and B differ in:** {plain(differs_words(diff))}")
     if files:
         st.caption(f"A: {plain(files[0])} · B: {plain(files[1])}")
     st.info(plain(diff["sentence"]))
@@ -317,6 +317,22 @@ def report(result: dict) -> None:
         cpu_accounting(result)
     else:
         gpu_report(result)
+    projection_block(result)
+
+
+def projection_block(result: dict, run=None) -> None:
+    """What-if (engine.analysis.whatif): the step at another matrix rate, always
+    labelled a projection, with what it assumes."""
+    proj = run_projection(dict(result), run)
+    st.subheader("What if the matrix work ran at another rate? (a projection)")
+    if "none" in proj:
+        st.caption(f"No projection: {plain(proj['none'])}.")
+        return
+    current = proj["current"]
+    st.caption(plain(f"Today: {current['dtype']} matrix work, against a "
+                     f"{rate_words(current['flops_per_s'])} peak ({current['basis']}). This is "
+                     f"{proj['assumes']}."))
+    st.dataframe(pd.DataFrame(projection_rows(proj)), hide_index=True, key="kernels_projection")
 
 
 def _saved_upload(upload) -> str:
@@ -417,11 +433,14 @@ if run.device_key.startswith("cuda") and trace_path.exists():
     if chosen_step is not None:
         gpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns, None, chosen_step)
     gpu_report(gpu_result)
+    projection_block(gpu_result, run)
 elif evidence:
     cpu_report(evidence)
 if not run.device_key.startswith("cuda") and trace_path.exists():
-    cpu_accounting(analyze(str(trace_path), trace_path.stat().st_mtime_ns,
-                           json.dumps(evidence) if evidence else None))
+    cpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns,
+                         json.dumps(evidence) if evidence else None)
+    cpu_accounting(cpu_result)
+    projection_block(cpu_result, run)
 if trace_path.exists():
     others = [r for r in runs if r.id != run.id and (store.run_dir(r.id) / TRACE_FILENAME).exists()]
     other_id = st.selectbox("Compare with another run's window (B)", [None] + [r.id for r in others],

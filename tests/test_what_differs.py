@@ -19,9 +19,31 @@ def test_two_different_models_on_two_gpus_are_named_so_before_the_ratio():
     diff = explain_diff(V100_RESNET, H100_BERT)
     assert diff["differs"][0] == "device (Tesla V100-DGXS-32GB vs NVIDIA H100 80GB HBM3)"
     assert diff["differs"][1] == "precision (fp32 vs bf16)"
-    assert diff["differs"][2].startswith("the work (0 % of A's time in names B ran")
+    assert diff["differs"][2].startswith("the work (their time overlaps 3 % by what launched")
     first = diff["caveats"][0]
     assert first["severity"] == "warning" and "compares two workloads, not two precisions" in first["text"]
+
+
+def test_the_same_model_at_another_precision_is_the_same_work(tmp_path):
+    """Kernel names carry the dtype (bf16_s16816gemm, <c10::BFloat16>): the same model in
+    fp32 launches other names from the same CPU ops. Made from the real H100 BERT trace:
+    every kernel renamed to its fp32 form, the matrix kernels 3x longer."""
+    import gzip
+    import json
+
+    data = json.loads(gzip.decompress(H100_BERT.read_bytes()))
+    for event in data["traceEvents"]:
+        if event.get("cat") == "kernel":
+            name = event["name"]
+            if "gemm" in name:
+                event["dur"] = event["dur"] * 3
+            event["name"] = (name.replace("bf16_s16816gemm", "sgemm").replace("_bf16", "")
+                             .replace("c10::BFloat16", "float"))
+    fp32 = tmp_path / "h100_bert_fp32_like.json"
+    fp32.write_text(json.dumps(data))
+    diff = explain_diff(H100_BERT, fp32)
+    assert not any(d.startswith("the work") for d in diff["differs"]), diff["differs"]
+    assert not any("different work" in c["text"] for c in diff["caveats"])
 
 
 def test_a_trace_against_itself_differs_in_nothing():

@@ -23,7 +23,13 @@ from engine.analysis.accounting import (
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
 from engine.analysis.trace_parser import ParsedTrace, load_trace
-from engine.analysis.traces import breakdown, kernel_groups, share_text, short_kernel_name
+from engine.analysis.traces import (
+    UNATTRIBUTED_OP,
+    breakdown,
+    kernel_groups,
+    share_text,
+    short_kernel_name,
+)
 from engine.schema import TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
@@ -68,7 +74,10 @@ def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = No
         idle_share=accounting["idle_share"], copy_us=accounting.get("copy_us"),
         overlap_us=accounting.get("overlap_us"), streams=accounting.get("streams", []),
         steps=accounting.get("steps", []),
-        banner=_banner(result["verdict"], accounting, verdict))
+        banner=_banner(result["verdict"], accounting, verdict),
+        # what-if (analysis.whatif): the dtype today's matrix work ran in; a CPU trace does
+        # not say it (the caller that knows the run sets it)
+        matrix_dtype=_label(parsed, None, "") or None if parsed.is_gpu else None)
     return result
 
 
@@ -222,14 +231,14 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
     if device_a and device_b and device_a != device_b:
         caveats.append(_caveat(f"A ran on {device_a}, B on {device_b}: the parts compare two "
                                "different GPUs, not only two precisions"))
-    differs = what_differs(parsed_a, parsed_b, names_a, names_b)
-    shared = shared_work_share(names_a, names_b)
+    shared = shared_work_share(work_totals(parsed_a), work_totals(parsed_b))
+    differs = what_differs(parsed_a, parsed_b, shared)
     if shared is not None and shared < SAME_WORK_SHARE:
         caveats.insert(0, _caveat(
-            f"A and B ran different work: only {shared * 100:.0f} % of A's "
-            f"{'kernel' if parsed_a.is_gpu else 'op'} time is in names B also ran (different "
-            "models, shapes or batch sizes), so the ratio compares two workloads, not two "
-            "precisions"))
+            f"A and B ran different work: their {'kernel' if parsed_a.is_gpu else 'op'} time "
+            f"overlaps only {shared * 100:.0f} % by what launched it (different models, shapes "
+            "or batch sizes), so the ratio compares two workloads, not two precisions",
+            key=WORK_CAVEAT))
     return {
         "differs": differs,
         "kind": acc_a["kind"], "label_a": label_a, "label_b": label_b,
@@ -250,18 +259,53 @@ def explain_diff(trace_a: Any, trace_b: Any, label_a: str | None = None,
 SAME_WORK_SHARE = 0.5
 
 
-def shared_work_share(names_a: dict[str, dict], names_b: dict[str, dict]) -> float | None:
-    """The share of A's time in kernel or op names that B ran too (1.0: the same names)."""
-    total = sum(entry["us"] for entry in names_a.values())
-    if total <= 0:
+# Kernel names carry the dtype (bf16_s16816gemm, <c10::BFloat16>, sgemm): the same model
+# at two precisions shares few of them. What launched them (aten::addmm, aten::layer_norm)
+# does not change with the precision; where no CPU op is attributed, names without their
+# template arguments and dtype tokens.
+_DTYPE_TOKENS = re.compile(r"<[^<>]*>|\b(?:c10::)?(?:BFloat16|Half|float|double)\b|"
+                           r"(?:bf16|fp16|f16|fp32|f32|tf32|fp8|e4m3|e5m2|[hsd](?=gemm))",
+                           re.IGNORECASE)
+
+
+def work_key(name: str) -> str:
+    """A kernel or op name without what the precision changes."""
+    previous = None
+    while previous != name:  # nested template arguments: innermost first
+        previous, name = name, _DTYPE_TOKENS.sub("", name)
+    return re.sub(r"[_\s]+", "_", name).strip("_").lower()
+
+
+def work_totals(parsed: ParsedTrace) -> dict[str, float]:
+    """{dtype-free key: us}: the launching CPU op of each kernel group (its normalised name
+    where none is attributed), or the CPU op's own name on a CPU trace."""
+    totals: dict[str, float] = {}
+    if parsed.is_gpu:
+        for group in kernel_groups(parsed.table):
+            key = group.cpu_op if group.cpu_op != UNATTRIBUTED_OP else work_key(group.name)
+            totals[key] = totals.get(key, 0.0) + group.us
+        return totals
+    for name, entry in _name_totals(parsed).items():
+        totals[work_key(name)] = totals.get(work_key(name), 0.0) + entry["us"]
+    return totals
+
+
+def shared_work_share(work_a: dict[str, float], work_b: dict[str, float]) -> float | None:
+    """How much of their time A and B spent on the same work (work_totals), as the overlap
+    of their time shares: sum over keys of min(share in A, share in B); 1.0 the same mix,
+    0 nothing in common. Symmetric, and a precision change that makes the matrix work
+    faster shifts the shares only so far."""
+    total_a, total_b = sum(work_a.values()), sum(work_b.values())
+    if total_a <= 0 or total_b <= 0:
         return None
-    return sum(entry["us"] for name, entry in names_a.items() if name in names_b) / total
+    return sum(min(us / total_a, work_b[key] / total_b) for key, us in work_a.items()
+               if key in work_b)
 
 
-def what_differs(parsed_a: ParsedTrace, parsed_b: ParsedTrace, names_a: dict[str, dict],
-                 names_b: dict[str, dict]) -> list[str]:
+def what_differs(parsed_a: ParsedTrace, parsed_b: ParsedTrace,
+                 shared: float | None) -> list[str]:
     """What two traces differ in, in the order a heading names them: the device, the
-    precision of the matrix work, the work itself."""
+    precision of the matrix work, the work itself (`shared`: shared_work_share)."""
     differs = []
     device_a, device_b = parsed_a.table.attrs.get("device"), parsed_b.table.attrs.get("device")
     if device_a and device_b and device_a != device_b:
@@ -269,11 +313,15 @@ def what_differs(parsed_a: ParsedTrace, parsed_b: ParsedTrace, names_a: dict[str
     dtype_a, dtype_b = _label(parsed_a, None, "?"), _label(parsed_b, None, "?")
     if "?" not in (dtype_a, dtype_b) and dtype_a != dtype_b:
         differs.append(f"precision ({dtype_a} vs {dtype_b})")
-    shared = shared_work_share(names_a, names_b)
     if shared is not None and shared < SAME_WORK_SHARE:
-        differs.append(f"the work ({shared * 100:.0f} % of A's time in names B ran: "
-                       "different models, shapes or batch sizes)")
+        differs.append(f"the work (their time overlaps {shared * 100:.0f} % by what launched "
+                       "it: different models, shapes or batch sizes)")
     return differs
+
+
+def differs_words(diff: dict) -> str:
+    """The "they differ in" line every surface prints before the ratios."""
+    return "; ".join(diff.get("differs") or []) or "nothing the traces show but what is compared"
 
 
 def config_differences(cfg_a, cfg_b) -> list[str]:
@@ -308,9 +356,12 @@ def explain_runs(store, run_a, run_b) -> dict | None:
     except ValueError as exc:
         return {"error": str(exc).replace(str(store.home), "<data dir>")}
     diff["caveats"] = diff["caveats"] + run_caveats(diff, run_a.summary, run_b.summary)
-    # the runs' configs say what the traces can only guess (model, batch)
+    # the runs' configs say what the traces can only guess (model, batch, precision)
+    known = config_differences(run_a.config, run_b.config)
     guessed = [d for d in diff["differs"] if not d.startswith(("the work", "precision"))]
-    diff["differs"] = guessed + config_differences(run_a.config, run_b.config)
+    diff["differs"] = guessed + known
+    if not any(d.startswith(("model", "batch")) for d in known):  # the same work, by config
+        diff["caveats"] = [c for c in diff["caveats"] if c.get("key") != WORK_CAVEAT]
     return diff
 
 
@@ -357,9 +408,13 @@ def window_note(summary: dict) -> dict | None:
     return _caveat(f"{text}.", "note")
 
 
-def _caveat(text: str, severity: str = "warning") -> dict:
-    """{"text", "severity"}: "warning" changes what the figures mean, "note" frames them."""
-    return {"text": text, "severity": severity}
+WORK_CAVEAT = "different_work"
+
+
+def _caveat(text: str, severity: str = "warning", key: str | None = None) -> dict:
+    """{"text", "severity"}: "warning" changes what the figures mean, "note" frames them;
+    `key` names a caveat a caller may replace with better knowledge."""
+    return {"text": text, "severity": severity, **({"key": key} if key else {})}
 
 
 def only_in_rows(rows: list[dict]) -> list[dict]:

@@ -58,6 +58,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
     # pandas: only this command reads traces, so the CLI's start-up stays light
     from engine.analysis.explain import analyze, explain_diff, explain_runs
+    from engine.analysis.whatif import run_projection
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     usage = _usage_problem(args)
@@ -79,6 +80,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
             run = targets[0][1]
             result = analyze(targets[0][0], step=args.step,
                              cpu_evidence=run.summary.get("cpu_evidence") if run else None)
+            result["projection"] = run_projection(result, run)  # analysis.whatif
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
         from engine.analysis.accounting import StepNotInTrace  # pandas: as analyze above
 
@@ -297,12 +299,11 @@ def _side(letter: str, label: str) -> str:
 def format_diff(diff: dict) -> str:
     """B against A, part by part, with the Amdahl sentence first."""
     # late: explain imports pandas; loaded by the time a diff is formatted
-    from engine.analysis.explain import speedup_text
+    from engine.analysis.explain import differs_words, speedup_text
 
     a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])
     lines = [f"{a}: {diff['source_a']}", f"{b}: {diff['source_b']}",
-             "A and B differ in: " + ("; ".join(diff.get("differs") or [])
-                                      or "nothing the traces show but what is compared below"),
+             f"A and B differ in: {differs_words(diff)}",
              f"Step {_ms(diff['step_time_a_us'])} ms -> {_ms(diff['step_time_b_us'])} ms",
              diff["sentence"]]
     lines += [("warning: " if c["severity"] == "warning" else "note: ") + c["text"]

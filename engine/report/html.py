@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from engine.analysis.compare import config_diff, display_names, summary_table
 from engine.analysis.findings import both_mfu_words, findings, mfu_text, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.analysis.explain import explain_runs, only_in_rows, parts_rows
+from engine.analysis.explain import differs_words, explain_runs, only_in_rows, parts_rows
 from engine.analysis.drift import drift_cell
 from engine.analysis.speedup import method_words, stored_verdict
 from engine.analysis.traces import share_text
@@ -310,9 +310,8 @@ def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame)
             continue
         caveats = "".join(f"<p class={'warn' if c['severity'] == 'warning' else 'meta'}>"
                           f"{_e(c['text'])}</p>" for c in diff.get("caveats") or [])
-        differs = "; ".join(diff.get("differs") or []) or "nothing but what is compared below"
         blocks.append(f"<h3>{_e(run.config.label)} vs {_e(runs[base_id].config.label)}</h3>"
-                      f"<p><b>They differ in:</b> {_e(differs)}</p>"
+                      f"<p><b>They differ in:</b> {_e(differs_words(diff))}</p>"
                       f"<p>{_e(diff['sentence'])}</p>" + caveats
                       + _records_table(parts_rows(diff)) + _only_in_html(diff))
     return "\n".join(blocks) or "<p>No two runs have a profiler window to compare.</p>"

@@ -1,0 +1,168 @@
+"""What-if from a measured step: the step time if its matrix work ran at another rate, the
+rest unchanged (Amdahl). Always a projection, with what it assumes.
+
+From a trace's (or a run's) time accounting: the matrix work is the step's matrix and
+attention parts (GEMMs, convolutions and attention kernels on a GPU; the matmul and
+convolution ops' self time on a CPU). It runs today at some share of its dtype's peak on
+this device; the projection assumes it would run at the same share of the target's peak:
+
+    projected = step - matrix + matrix x current_peak / target_peak
+
+Everything else (elementwise, normalisation, copies, communication, optimizer, idle, the
+CPU's other ops) is kept as measured: the part of today's step no precision change
+touches. Targets: this device at its other dtypes (the GPU catalogue's datasheet rates, or
+this CPU's stored measured matmul rates), and other catalogued GPUs at the same dtype
+(their matrix rate only: their memory system, clocks and launch overheads are not
+modelled, so that projection is a bound for the matrix part, said so).
+
+No torch: the CLI (`engine kernels --json`), the Kernels, Live and Compare pages call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
+
+MATRIX_PARTS = ("matrix", "attention")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+ASSUMPTION = ("a projection, not a measurement: the matrix work is assumed to run at the same "
+              "share of the target's peak as it does now of today's, everything else unchanged")
+
+
+def rate_words(flops_per_s: float) -> str:
+    return (f"{flops_per_s / 1e12:.3g} TFLOP/s" if flops_per_s >= 1e12
+            else f"{flops_per_s / 1e9:.3g} GFLOP/s")
+
+
+def current_dtype(result: Mapping[str, Any]) -> str | None:
+    """The dtype today's matrix work ran in: the dominant matrix dtype of a GPU trace's
+    kernels (fp32 without Tensor Cores, tf32, fp16, bf16, fp8), or a run's compute dtype."""
+    dtype = result.get("matrix_dtype")
+    return dtype if dtype in DTYPES else None
+
+
+def gpu_rates(device_name: str | None) -> tuple[str | None, dict[str, float]]:
+    """(catalogue row, {dtype: FLOP/s}) of a GPU by name; (None, {}) when not catalogued."""
+    row = datasheet_row(device_name or "")
+    if row is None:
+        return None, {}
+    return row, {dtype: tflops * 1e12 for dtype, tflops in DATASHEET_TFLOPS[row].items()
+                 if tflops}
+
+
+def project_step(accounting: Mapping[str, Any], current_flops: float,
+                 target_flops: float) -> dict[str, Any]:
+    """The Amdahl projection of one step at another matrix rate."""
+    parts = accounting.get("parts_per_step_us") or {}
+    step_us = float(accounting.get("step_time_us") or 0.0)
+    matrix_us = sum(float(parts.get(part) or 0.0) for part in MATRIX_PARTS)
+    projected_us = step_us - matrix_us + matrix_us * current_flops / target_flops
+    return {"step_us": step_us, "matrix_us": matrix_us, "projected_step_us": projected_us,
+            "speedup": step_us / projected_us if projected_us > 0 else None,
+            "untouched_share": (step_us - matrix_us) / step_us if step_us > 0 else None}
+
+
+def _untouched_parts(accounting: Mapping[str, Any]) -> str:
+    parts = accounting.get("parts_per_step_us") or {}
+    names = [part for part, us in parts.items() if part not in MATRIX_PARTS and (us or 0) > 0]
+    return ", ".join(names) or "nothing else"
+
+
+def _change_words(speedup: float) -> str:
+    return (f"{speedup:.3g}x faster" if speedup >= 1.005 else
+            f"{1 / speedup:.3g}x slower" if speedup <= 0.995 else "no change")
+
+
+def projection_words(target: Mapping[str, Any], accounting: Mapping[str, Any]) -> str:
+    """"Projection: the step would take 41 ms (1.7x); 58 % of today's step (elementwise,
+    optimizer, idle, copies) no precision change touches."."""
+    change = _change_words(target["speedup"])
+    return (f"Projection, {target['target']}: the step would take "
+            f"{target['projected_step_us'] / 1000:.3g} ms instead of "
+            f"{target['step_us'] / 1000:.3g} ms ({change}); "
+            f"{target['untouched_share'] * 100:.0f} % of today's step "
+            f"({_untouched_parts(accounting)}) no precision change touches.")
+
+
+def _target(accounting, label, kind, current_flops, target_flops, basis) -> dict[str, Any]:
+    entry = {"target": label, "kind": kind, "target_flops_per_s": target_flops,
+             "basis": basis, **project_step(accounting, current_flops, target_flops)}
+    entry["words"] = projection_words(entry, accounting)
+    return entry
+
+
+def projection(result: Mapping[str, Any],
+               measured_rates: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Every projection a trace's analysis (engine.analysis.explain.analyze) supports, or
+    why none: {"current": {...}, "targets": [...], "assumes": ASSUMPTION} or {"none": why}.
+
+    `measured_rates`: {dtype: FLOP/s} this device's stored matmul rates (a CPU run; a GPU
+    run on this machine), used before the catalogue's."""
+    accounting = result.get("accounting") or {}
+    if not accounting.get("step_time_us"):
+        return {"none": "no step time in this trace: nothing to project"}
+    dtype = current_dtype(result)
+    if dtype is None:
+        return {"none": "the matrix work's dtype is not known (no matrix kernels or ops)"}
+    if accounting.get("kind") == "gpu":
+        row, rates = gpu_rates(result.get("device"))
+        rates = {**rates, **(measured_rates or {})}
+        where = f"the {row} datasheet" if row else "this device's measured matmul rates"
+    else:
+        row, rates = None, dict(measured_rates or {})
+        where = "this CPU's measured matmul rates"
+    if dtype not in rates:
+        return {"none": f"today's {dtype} matrix rate on {result.get('device') or 'this device'}"
+                        " is not known (not catalogued, not measured here)"}
+    current = rates[dtype]
+    targets = [_target(accounting, f"{other} on this device", "dtype", current, flops,
+                       f"{other} {rate_words(flops)} vs {dtype} {rate_words(current)}, "
+                       f"from {where}")
+               for other, flops in rates.items() if other != dtype and other in DTYPES]
+    if accounting.get("kind") == "gpu" and row:
+        for other_row, figures in DATASHEET_TFLOPS.items():
+            if other_row != row and figures.get(dtype):
+                flops = figures[dtype] * 1e12
+                targets.append(_target(accounting, f"{dtype} on {other_row}", "gpu", current,
+                                       flops, f"{other_row} {dtype} {rate_words(flops)} vs "
+                                       f"{row} {rate_words(current)} (datasheets): another "
+                                       "GPU's matrix rate only"))
+    return {"current": {"dtype": dtype, "flops_per_s": current, "device": result.get("device"),
+                        "basis": where},
+            "targets": targets, "assumes": ASSUMPTION}
+
+
+def run_projection(result: dict, run) -> dict:
+    """The what-if projection of a trace's step (analysis.whatif); for a run of this
+    machine, its compute dtype and this device's measured matmul rates too."""
+    if run is None:
+        return projection(result)
+    result["matrix_dtype"] = result.get("matrix_dtype") or run.summary.get("compute_dtype")
+    return projection(result, measured_rates(run.device_key))
+
+
+def projection_rows(proj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One table row per target, as the Kernels, Live and Compare pages show them."""
+    return [{"what if": t["target"], "projected step (ms)": f"{t['projected_step_us'] / 1000:.4g}",
+             "today (ms)": f"{t['step_us'] / 1000:.4g}",
+             "change": _change_words(t["speedup"]),
+             "untouched by precision": f"{t['untouched_share'] * 100:.0f} %",
+             "basis": t["basis"]} for t in proj.get("targets", [])]
+
+
+def measured_rates(device_key: str) -> dict[str, float]:
+    """{dtype: FLOP/s} of this machine's stored quiet matmul measurements for a device."""
+    # late: device discovery and the peaks cache are for a run's trace only
+    from engine.hardware.devices import get_device
+    from engine.hardware.peaks import COMPUTE_DTYPES, reference_peaks
+
+    if "@" in device_key:  # a Ray run's device on another node: nothing measured here
+        return {}
+    try:
+        device = get_device(device_key)
+        rates = {dtype: reference_peaks(device, dtype)["measured"]["flops_per_s"]
+                 for dtype in COMPUTE_DTYPES}
+    except Exception:  # noqa: BLE001 - a device not here any more: the catalogue only
+        return {}
+    return {dtype: flops for dtype, flops in rates.items() if flops}
