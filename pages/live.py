@@ -197,13 +197,13 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
         cols[4].metric("MFU", mfu_text(head.mfu) if head.mfu else "n/a",
                        help=f"Against the {peak_words(summary)}. "
                             f"{summary.get('mfu_note') or ''}")
-        both = both_mfu_words(summary)
-        if both:
-            st.caption(plain(both))
     else:
         cols[4].metric("Achieved TFLOP/s", fmt_num(head.achieved_tflops, 3),
                        help=summary.get("mfu_note") or "MFU is n/a until the device's peak "
                        "for this precision is known; achieved TFLOP/s from measured FLOPs")
+    both = both_mfu_words(summary)  # the datasheet's and the measured one, each named
+    if both:
+        st.caption(plain(both))
 
 
 def data_wait_line(run, frame: pd.DataFrame) -> None:

@@ -21,7 +21,7 @@ def _row_cells(row: dict, result: dict) -> dict:
             "throughput (samples/s)": fmt_num(row.get("samples_per_s"), 5),
             "speedup": fmt_num(row.get("speedup"), 3), "95 % interval": interval,
             "peak memory": fmt_bytes(row.get("peak_mem_bytes")),
-            "loss vs baseline": "" if row["mode"] == baseline else drift_cell(row.get("drift")),
+            "loss vs baseline": "" if row["mode"] == baseline else drift_cell(row.get("drift"), "drift" in row),
             "blocks": row.get("blocks"), "verdict": verdict}
 
 

@@ -25,6 +25,9 @@ def test_a_mode_within_the_seed_noise_is_the_same_quality():
     assert drift_words("bf16-amp", "fp32", drift, speed="1.9x faster") == (
         "bf16-amp: 1.9x faster, loss within 0.2 % of fp32 after 400 steps (noise 1 %)")
     assert drift_cell(drift) == "+0.2 % (noise 1 %)"
+    big = loss_drift(base, [b * 2.2 for b in base], noise, steps=400)
+    cell = drift_cell(big)  # never "1.2e+02"
+    assert cell.startswith("+120 % (noise ") and cell.endswith(" %, beyond noise)"), cell
 
 
 def test_a_mode_beyond_the_noise_says_it_is_not_the_same_quality():
@@ -38,10 +41,22 @@ def test_a_mode_beyond_the_noise_says_it_is_not_the_same_quality():
     assert drift_cell(drift).endswith(", beyond noise)")
 
 
+def test_the_noise_floor_is_taken_over_the_same_blocks_as_the_drift():
+    """A NaN block of the mode drops that block for the noise copy too: the floor is never
+    taken from other (earlier, higher-loss) blocks."""
+    base = [3.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    mode = [3.0, 2.0, 1.0, 1.0, math.nan, math.nan]
+    noise = [3.3, 2.2, 1.0, 1.0, 1.0, 1.0]
+    drift = loss_drift(base, mode, noise, steps=60)
+    assert drift["tail_blocks"] == 3  # blocks 1-3 of the 4 finite ones
+    assert drift["seed_noise_pct"] == pytest.approx(100 * (2.2 + 1 + 1 - 4) / 4)
+
+
 def test_too_few_blocks_or_non_finite_losses_give_no_drift():
     assert loss_drift([1.0, 1.0], [1.0, 1.0], None, 4) is None
     assert loss_drift([1.0, math.nan, math.inf], [1.0, 1.0, 1.0], None, 6) is None
-    assert drift_cell(None) == "n/a: fewer than 3 blocks"
+    assert drift_cell(None) == "n/a: fewer than 3 blocks with a finite loss"
+    assert drift_cell(None, recorded=False) == "n/a: not recorded by this check"
     # with only the tail's own sampling error as the floor (no noise copy)
     drift = loss_drift([1.0, 1.1, 0.9, 1.0], [1.0, 1.2, 0.8, 1.0], None, 8)
     assert drift["seed_noise_pct"] is None and drift["noise_pct"] == drift["sampling_noise_pct"]
@@ -72,12 +87,14 @@ def test_a_real_check_reports_each_modes_drift_and_an_aa_copy_drifts_by_nothing(
     # memory by kind, from the same check: autocast keeps fp32 weights, so every mode holds
     # the same parameters, gradients and optimizer state; the rest is what the step adds
     kinds = [rows[label]["memory_by_kind"] for label in ("fp32", "fp32 (2)", "bf16-amp")]
-    for kind in kinds:
-        assert kind["parameters"] + kind["gradients"] + kind["optimizer_state"] \
-            + kind["master_copies"] + kind["rest"] == kind["peak"] or kind["counted_exceeds_peak"]
-        assert kind["parameters"] == kind["gradients"] > 0 and kind["master_copies"] == 0
-        assert kind["optimizer_state"] >= 2 * kind["parameters"]  # AdamW: two moments
-    assert len({(k["parameters"], k["gradients"], k["optimizer_state"]) for k in kinds}) == 1
+    for label, kind in zip(("fp32", "fp32 (2)", "bf16-amp"), kinds):
+        assert kind["peak_bytes"] == rows[label]["peak_mem_bytes"]
+        assert not kind["counted_exceeds_peak"] and kind["rest_bytes"] > 0  # activations
+        assert kind["parameters_bytes"] == kind["gradients_bytes"] > 0
+        assert kind["master_copies_bytes"] == 0
+        assert kind["optimizer_state_bytes"] >= 2 * kind["parameters_bytes"]  # AdamW moments
+    assert len({(k["parameters_bytes"], k["gradients_bytes"], k["optimizer_state_bytes"])
+                for k in kinds}) == 1
     from engine.report.figures import memory_by_kind_figure
 
     figure = memory_by_kind_figure(result)
@@ -99,7 +116,7 @@ def test_bf16_pure_holds_half_the_weights_gradients_and_optimizer_state():
         trainer = Trainer(cfg, torch.device("cpu"))
         trainer.step(1)  # the optimizer's state exists after its first step
         kinds[precision] = memory_by_kind(trainer, peak_bytes=2**30)
-    for key in ("parameters", "gradients"):
+    for key in ("parameters_bytes", "gradients_bytes"):
         assert kinds["bf16-pure"][key] * 2 == kinds["fp32"][key]
-    assert kinds["bf16-pure"]["optimizer_state"] < kinds["fp32"]["optimizer_state"]
+    assert kinds["bf16-pure"]["optimizer_state_bytes"] < kinds["fp32"]["optimizer_state_bytes"]
     assert memory_by_kind(trainer, None) is None  # no measured peak: no split

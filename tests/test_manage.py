@@ -390,8 +390,9 @@ def test_exports_refuse_devices_fifos_sockets_and_links_and_say_when_they_replac
     for flag in ("--csv", "--parquet", "--html"):
         out = _cli(home, "export", run_id, flag, "")
         assert out.returncode == 2 and out.stderr.strip() == (
-            f"error: {flag} '': empty path; give a file name, e.g. "
-            f"{'report.html' if flag == '--html' else 'metrics.csv'}"), out.stderr
+            f"error: {flag} '': empty; give a file name, e.g. "
+            f"{ {'--html': 'report.html', '--csv': 'metrics.csv'}.get(flag, 'metrics.parquet') }"
+        ), out.stderr
     # An existing regular file is replaced, keeps its permissions, and the user is told.
     os.chmod(target, 0o640)
     out = _cli(home, "export", run_id, "--csv", str(target), "--json")

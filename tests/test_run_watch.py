@@ -57,6 +57,21 @@ def test_a_log_over_its_cap_keeps_its_start_and_newest_lines_with_one_marker(tmp
     assert cap.check() == 0  # under the cap now: nothing cut
 
 
+def test_every_cut_keeps_the_same_head_and_one_marker(tmp_path):
+    """The head is fixed at the first cut: a later cut never reads past it into the old
+    marker (lines of 300 bytes end the 64 KiB head far past a marker's length)."""
+    path = tmp_path / WORKER_LOG
+    line = lambda i: f"{i:08d} {'y' * 290}\n".encode()  # noqa: E731
+    cap = LogCap(path, max_bytes=MIB, head_bytes=64 * 1024)
+    for round_index in range(4):
+        _append(path, b"".join(line(round_index * 10_000 + i) for i in range(8_000)))
+        cap.check()
+        text = path.read_text()
+        assert text.count("[log] ") == 1, round_index
+        assert text.startswith(line(0).decode())
+        assert text.endswith(line(round_index * 10_000 + 7_999).decode())
+
+
 def test_writers_keep_appending_at_the_end_while_the_log_is_cut(tmp_path):
     """Every writer holds the log with O_APPEND (the supervisor, its trainer, what the
     workload starts): after a cut they write at the new end, never past a hole."""
@@ -148,7 +163,7 @@ def test_a_watched_run_is_judged_by_its_supervisor_an_unwatched_one_by_its_rows(
     store.update_run(run_id, started_at=time.time() - 300)
     store.write_metrics(run_id, [{"step": 1, "loss": 1.0, "wall_time_s": 10.0}])
     stall = stall_of(store, store.get_run(run_id))  # nobody watches it: from its rows
-    assert stall["at_step"] == 0 or stall["at_step"] == 1
+    assert stall["at_step"] == store.get_run(run_id).steps_completed
     assert 285 < time.time() - stall["since_unix_s"] < 295
     store.merge_summary(run_id, {"stall": None})  # a supervisor watches it: all is well
     assert stall_of(store, store.get_run(run_id)) is None
@@ -157,6 +172,33 @@ def test_a_watched_run_is_judged_by_its_supervisor_an_unwatched_one_by_its_rows(
     assert stall_of(store, store.get_run(run_id)) == recorded
     store.set_status(run_id, "finished")
     assert stall_of(store, store.get_run(run_id)) is None  # an ended run is not stalled
+
+
+def test_a_stalled_speedup_check_is_said_by_its_rounds(store, monkeypatch):
+    run_id = _run(store)
+    clock = [time.time()]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    watch = StallWatch(store, run_id, warn_after_s=5.0)
+    store.merge_summary(run_id, {"speedup": {"rounds": 23, "running": True}})
+    watch.check()
+    clock[0] += 6.0
+    line = watch.check()
+    assert "No progress for 6 s: no round finished since round 23" in line
+    store.merge_summary(run_id, {"speedup": {"rounds": 24, "running": True}})
+    assert watch.check().endswith("progress again (round 24)")
+
+
+def test_a_watch_that_fails_says_so_once_and_never_ends_the_run(store, capsys, tmp_path):
+    watch = RunWatch(store, _run(store))
+    watch.stall.store = None  # every store call now raises (what a locked or lost store does)
+    watch.next_stall_s = 0
+    watch.tick()
+    watch.next_stall_s = 0
+    watch.tick()
+    watch.close()
+    said = capsys.readouterr().out
+    assert said.count("watch: AttributeError") == 1, said
 
 
 def test_a_speedup_checks_rounds_count_as_progress(store, monkeypatch):

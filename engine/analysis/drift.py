@@ -1,9 +1,10 @@
 """Speed at equal quality: how far each mode's loss drifts from the baseline's in a paired
 speedup check, against a noise floor.
 
-Every mode of a check trains its own copy from the same weights on the same batches, in
-blocks of the same steps (engine.training.speedup), so block r of every mode saw the same
-data: the per-block mean losses pair up. The drift is the relative difference of the mean
+Every mode of a check trains its own copy from the same weights on the same batches (the
+built-in sources' seeded streams; a workload's own batches may differ per mode), in blocks
+of the same steps (engine.training.speedup), so block r of every mode saw the same data:
+the per-block mean losses pair up. The drift is the relative difference of the mean
 loss over the last quarter of the blocks (at least MIN_TAIL_BLOCKS), mode against
 baseline. What counts as "the same quality" is set by a noise floor, the larger of:
 
@@ -27,19 +28,24 @@ MIN_TAIL_BLOCKS = 3
 NOISE_SEED_OFFSET = 1009  # the noise copy's initialisation seed, apart from the baseline's
 
 
-def _tail(values: Sequence[float]) -> list[float]:
+def _tail(values: Sequence) -> list:
     count = max(MIN_TAIL_BLOCKS, math.ceil(len(values) * TAIL_SHARE))
-    return [float(v) for v in values[-count:]]
+    return list(values[-count:])
 
 
 def loss_drift(baseline: Sequence[float], mode: Sequence[float],
                noise: Sequence[float] | None, steps: int) -> dict[str, Any] | None:
     """The drift of `mode`'s per-block losses from `baseline`'s, with its noise floor;
     None until there are MIN_TAIL_BLOCKS finite pairs."""
-    pairs = [(b, m) for b, m in zip(baseline, mode) if math.isfinite(b) and math.isfinite(m)]
-    if len(pairs) < MIN_TAIL_BLOCKS:
+    # blocks where baseline and mode are finite, with the noise copy's block beside them
+    noise = list(noise or [])
+    blocks = [(b, m, noise[i] if i < len(noise) else math.nan)
+              for i, (b, m) in enumerate(zip(baseline, mode))
+              if math.isfinite(b) and math.isfinite(m)]
+    if len(blocks) < MIN_TAIL_BLOCKS:
         return None
-    tail = list(zip(_tail([b for b, _ in pairs]), _tail([m for _, m in pairs])))
+    tail_blocks = _tail(blocks)
+    tail = [(b, m) for b, m, _n in tail_blocks]
     base_mean = statistics.fmean(b for b, _ in tail)
     if base_mean == 0:
         return None
@@ -47,15 +53,22 @@ def loss_drift(baseline: Sequence[float], mode: Sequence[float],
     differences = [100.0 * (m - b) / abs(base_mean) for b, m in tail]
     sampling_pct = 2.0 * statistics.stdev(differences) / math.sqrt(len(differences))
     seed_pct = None
-    if noise:
-        noise_tail = _tail([n for n in noise[:len(pairs)] if math.isfinite(n)])
-        if len(noise_tail) >= MIN_TAIL_BLOCKS:
-            seed_pct = abs(100.0 * (statistics.fmean(noise_tail) - base_mean) / abs(base_mean))
+    noise_tail = [(b, n) for b, _m, n in tail_blocks if math.isfinite(n)]
+    if len(noise_tail) >= MIN_TAIL_BLOCKS:  # the same blocks as the pair it is the floor of
+        noise_base = statistics.fmean(b for b, _ in noise_tail)
+        seed_pct = abs(100.0 * (statistics.fmean(n for _, n in noise_tail) - noise_base)
+                       / abs(noise_base))
     noise_pct = max(sampling_pct, seed_pct or 0.0)
     return {"loss_drift_pct": drift_pct, "noise_pct": noise_pct, "seed_noise_pct": seed_pct,
             "sampling_noise_pct": sampling_pct, "within_noise": abs(drift_pct) <= noise_pct,
             "steps": steps, "tail_blocks": len(tail),
             "baseline_loss": base_mean, "mode_loss": base_mean * (1 + drift_pct / 100.0)}
+
+
+def pct_text(value: float) -> str:
+    """A percentage to the digits that matter, never in e-notation: 0.0061, 0.31, 4.2, 120."""
+    size = abs(value)
+    return f"{value:.0f}" if size >= 10 else f"{value:.2g}" if size >= 1e-4 else "0"
 
 
 def drift_words(mode: str, baseline: str, drift: dict[str, Any] | None,
@@ -67,18 +80,21 @@ def drift_words(mode: str, baseline: str, drift: dict[str, Any] | None,
     pct, noise = drift["loss_drift_pct"], drift["noise_pct"]
     where = f"of {baseline} after {drift['steps']} steps"
     if drift["within_noise"]:
-        quality = f"loss within {abs(pct):.2g} % {where} (noise {noise:.2g} %)"
+        quality = f"loss within {pct_text(abs(pct))} % {where} (noise {pct_text(noise)} %)"
     else:
         side = "above" if pct > 0 else "below"
-        quality = (f"loss {abs(pct):.2g} % {side} {baseline}'s after {drift['steps']} steps, "
-                   f"beyond the noise ({noise:.2g} %)"
+        quality = (f"loss {pct_text(abs(pct))} % {side} {baseline}'s after {drift['steps']} "
+                   f"steps, beyond the noise ({pct_text(noise)} %)"
                    + (": not the same quality" if pct > 0 else ": it trains better here"))
     return f"{mode}: {speed + ', ' if speed else ''}{quality}"
 
 
-def drift_cell(drift: dict[str, Any] | None) -> str:
-    """The short table cell: "+0.31 % (noise 0.52 %)", or "n/a: too few blocks"."""
+def drift_cell(drift: dict[str, Any] | None, recorded: bool = True) -> str:
+    """The short table cell: "+0.31 % (noise 0.52 %)", or n/a with the reason."""
     if not drift:
-        return "n/a: fewer than 3 blocks"
+        return (f"n/a: fewer than {MIN_TAIL_BLOCKS} blocks with a finite loss" if recorded
+                else "n/a: not recorded by this check")
     mark = "" if drift["within_noise"] else ", beyond noise"
-    return f"{drift['loss_drift_pct']:+.2g} % (noise {drift['noise_pct']:.2g} %{mark})"
+    sign = "+" if drift["loss_drift_pct"] > 0 else ""
+    return (f"{sign}{pct_text(drift['loss_drift_pct'])} % "
+            f"(noise {pct_text(drift['noise_pct'])} %{mark})")

@@ -309,7 +309,8 @@ def _shape_words(gemm_shapes: list | None) -> str:
 
 def explain(result: dict[str, Any]) -> list[str]:
     """Findings that say why, from measurements: a busy machine first; then for each mode
-    not claimed faster than the baseline, the part that limits its step (`why_words`)."""
+    its speed at equal quality (drift_words: the speed verdict and the loss drift), and
+    for a mode not claimed faster, the part that limits its step (`why_words`)."""
     findings = []
     contention = result.get("contention") or {}
     if contention.get("busy"):
@@ -332,10 +333,11 @@ def explain(result: dict[str, Any]) -> list[str]:
 
 
 def _speed_short(row: Mapping[str, Any], verdict: str) -> str:
-    """"1.9x faster", "no faster (1.02x)", "inconclusive": the speed half of a sentence."""
+    """The speed half of a drift sentence, as the table writes the ratio: "1.92x faster",
+    "0.93x: slower", "no measurable difference (1.02x)", "speed inconclusive"."""
     if verdict in CLAIMS:
-        ratio = row["speedup"] if verdict == FASTER else 1.0 / row["speedup"]
-        return f"{ratio:.2g}x {verdict}"
+        return f"{row['speedup']:.2f}x: {verdict}" if verdict == SLOWER else \
+            f"{row['speedup']:.2f}x {verdict}"
     if verdict == NO_DIFFERENCE:
         return f"no measurable difference ({row['speedup']:.2f}x)"
     return "speed inconclusive"

@@ -54,7 +54,10 @@ def silent_s(stall: dict[str, Any] | None, now_s: float | None = None) -> float 
 def stall_words(stall: dict[str, Any], now_s: float | None = None) -> str:
     """The sentence every surface says for a stall."""
     quiet = duration_words(silent_s(stall, now_s) or 0.0)
-    step = int(stall.get("at_step") or 0)
+    step, rounds = int(stall.get("at_step") or 0), int(stall.get("at_round") or 0)
+    if rounds:  # a speedup check: its rounds are its progress
+        return (f"No progress for {quiet}: no round finished since round {rounds} (paused, a "
+                "hung device, or a very slow block).")
     if step == 0:
         return (f"No step yet, {quiet} after the trainer started: the workload's build() "
                 "(model and data set-up) or the first step has not returned.")

@@ -153,9 +153,8 @@ def projection_rows(proj: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def measured_rates(device_key: str) -> dict[str, float]:
     """{dtype: FLOP/s} of this machine's stored quiet matmul measurements for a device."""
-    # late: device discovery and the peaks cache are for a run's trace only
-    from engine.hardware.devices import get_device
-    from engine.hardware.peaks import COMPUTE_DTYPES, reference_peaks
+    from engine.hardware.devices import get_device  # late: device discovery, a run's only
+    from engine.hardware.peaks import COMPUTE_DTYPES, reference_peaks  # late: as above
 
     if "@" in device_key:  # a Ray run's device on another node: nothing measured here
         return {}

@@ -95,20 +95,20 @@ PATH_MAX_BYTES, NAME_MAX_BYTES = 4096, 255  # Linux's limits on a path and on on
 def path_problem(text: str) -> str | None:
     """Why `text` cannot name a file at all (before any file call raises on it), or None."""
     if not text.strip():
-        return "empty path"
+        return "empty"
     if "\x00" in text:
-        return "a path cannot contain a NUL character"
+        return "holds a NUL character, which no file name can"
     encoded = os.fsencode(text)
     if len(encoded) > PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES
                                             for part in encoded.split(b"/")):
-        return (f"too long for a path ({PATH_MAX_BYTES} bytes in all, {NAME_MAX_BYTES} per "
-                "name)")
+        return (f"too long ({PATH_MAX_BYTES} bytes in all and {NAME_MAX_BYTES} per name at "
+                "most)")
     return None
 
 
-def checked_path_text(text: str, flag: str, example: str) -> str:
+def checked_path_text(text: str, flag: str, example: str, what: str = "a file name") -> str:
     """`text` when it can name a file; else a UsageError naming the flag and an example."""
     problem = path_problem(text)
     if problem:
-        raise UsageError(f"{flag} {shown(text)}: {problem}; give a file name, e.g. {example}")
+        raise UsageError(f"{flag} {shown(text)}: {problem}; give {what}, e.g. {example}")
     return text

@@ -50,17 +50,19 @@ def add_subparsers(sub) -> None:
     export.set_defaults(func=cmd_export)
 
 
-_EXAMPLES = {"--html": "report.html", "--csv": "metrics.csv", "--parquet": "metrics.parquet",
-             "--tensorboard": "tb_logs", "--mlflow": "file:/data/mlruns",
-             "--experiment": "precision-lab"}
+_EXAMPLES = {"--html": ("report.html", "a file name"), "--csv": ("metrics.csv", "a file name"),
+             "--parquet": ("metrics.parquet", "a file name"),
+             "--tensorboard": ("tb_logs", "a folder name"),
+             "--mlflow": ("file:/data/mlruns", "a tracking URI"),
+             "--experiment": ("precision-lab", "an experiment name")}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     run_ids = [_checked_run_id(run_id, "RUN_ID") for run_id in args.run_ids]
-    for flag, example in _EXAMPLES.items():  # before any file call sees them
+    for flag, (example, what) in _EXAMPLES.items():  # before any file call sees them
         value = getattr(args, flag[2:])
         if value is not None:
-            checked_path_text(value, flag, example)
+            checked_path_text(value, flag, example, what)
     if args.baseline is not None:
         _checked_run_id(args.baseline, "--baseline")
     if args.baseline and not args.html:

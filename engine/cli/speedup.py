@@ -69,17 +69,18 @@ def speedup_config(args: argparse.Namespace):
                              f"with --{short.replace('_', '-')} or --{long.replace('_', '-')}")
     modes = args.precisions if args.precisions is not None else args.speedup_modes
     given_as = "--speedup-modes" if args.speedup_modes is not None else "--precisions"
-    if not modes:
+    if not (modes or "").replace(",", "").strip():
         raise UsageError(f"{given_as}{' ' + shown(modes) if modes is not None else ''}: "
                          "missing; give 2-4 modes, baseline first, e.g. "
                          "--precisions fp32,bf16-amp")
     known = [mode.value for mode in Precision]
-    unknown = [mode.strip() for mode in modes.split(",") if mode.strip() not in known]
+    unknown = [mode.strip() for mode in modes.split(",")
+               if mode.strip() and mode.strip() not in known]  # empty ones: the config's rule
     if unknown:  # before the first mode becomes the baseline's --precision
         raise UsageError(f"{given_as} {shown(modes)}: unknown mode {shown(unknown[0])}; give "
                          f"2-4 of {', '.join(known)}, baseline first, e.g. fp32,bf16-amp")
     args.speedup_modes = modes
-    first = modes.split(",")[0].strip()
+    first = next(mode.strip() for mode in modes.split(",") if mode.strip())
     if args.precision is not None and args.precision != first:
         raise UsageError(f"--precision {shown(args.precision)}: a speedup check's baseline is the "
                          f"first of --precisions ({shown(first)}); leave --precision out")
@@ -217,5 +218,6 @@ def format_result(result: dict[str, Any]) -> str:
                      f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "
                      f"{ci:>13} {mem:>10}  {verdict}")
     for finding in result.get("findings") or []:
-        lines.append(f"  - {finding}")
+        if finding != contention.get("words"):  # said above already
+            lines.append(f"  - {finding}")
     return "\n".join(lines)

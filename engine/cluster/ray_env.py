@@ -111,8 +111,9 @@ def probe_timeout_s() -> float:
 
 def speaks_grpc(host: str, port: int, timeout_s: float | None = None) -> bool | str:
     """True when host:port answers an HTTP/2 connection preface with a SETTINGS frame (a
-    gRPC server, as a Ray head's GCS is); otherwise why not. `timeout_s` bounds the whole
-    probe (connect, send, first answer)."""
+    gRPC server, as a Ray head's GCS is); otherwise why not. `timeout_s` bounds each
+    connection attempt and then what is left of it the send and the first answer (a host
+    name's lookup comes before, under the resolver's own timeout)."""
     timeout_s = probe_timeout_s() if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     try:

@@ -192,9 +192,10 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
     return fig
 
 
-MEMORY_KINDS = (("parameters", "parameters"), ("gradients", "gradients"),
-                ("optimizer_state", "optimizer state"), ("master_copies", "fp32 master copies"),
-                ("rest", "activations, autocast cache, workspace"))
+MEMORY_KINDS = (("parameters_bytes", "parameters"), ("gradients_bytes", "gradients"),
+                ("optimizer_state_bytes", "optimizer state"),
+                ("master_copies_bytes", "fp32 master copies"),
+                ("rest_bytes", "activations, autocast cache, workspace"))
 
 
 def memory_by_kind_figure(result: Mapping[str, Any]) -> go.Figure | None:

@@ -91,7 +91,7 @@ def _speedup_html(check: RunRecord) -> str:
                      _fmt_cell(row.get("samples_per_s"), "{:,.1f}"),
                      _fmt_cell(row.get("speedup"), "{:.3f}"), interval,
                      _fmt_cell(row.get("peak_mem_bytes"), "mib"), row.get("blocks"),
-                     "" if row["mode"] == result.get("baseline") else drift_cell(row.get("drift")),
+                     "" if row["mode"] == result.get("baseline") else drift_cell(row.get("drift"), "drift" in row),
                      verdict])
     table = _html_table(["mode", "median step (ms)", "samples/s", "speedup", "95 % interval",
                          "peak memory (MiB)", "blocks", "loss vs baseline", "verdict"], rows,
@@ -255,7 +255,8 @@ def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> 
     """What each run's MFU is relative to (a datasheet row, or a measured peak and when)."""
     items = [f"<li>{_e(names.get(run_id, run_id))}: {_e(peak_words(run.summary))}"
              + (f"<br>{_e(both)}" if (both := both_mfu_words(run.summary)) else "") + "</li>"
-             for run_id, run in runs.items() if run.summary.get("mfu") is not None]
+             for run_id, run in runs.items()
+             if run.summary.get("mfu") is not None or run.summary.get("mfu_peaks")]
     return f"<p class=meta>MFU is relative to:</p><ul class=meta>{''.join(items)}</ul>" if items else ""
 
 

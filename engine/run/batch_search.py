@@ -259,11 +259,11 @@ def _open_range(fit: int, oom: int | None, result: dict[str, Any], state: dict[s
     or above the largest fit up to the search's limit."""
     if oom:
         if oom - fit <= 1:
-            return "nothing between them is left"
+            return f"no batch lies between {fit} and {oom}, so the answer is {fit}"
         return f"{fit + 1}-{oom - 1} not tried, the answer lies there or is {fit}"
     limit = int(result.get("max_batch_searched") or state.get("max_batch") or fit)
     return (f"{fit + 1}-{limit} not tried, a larger batch may fit" if limit > fit
-            else "nothing larger was to be tried")
+            else f"{fit} is the search's limit, so nothing larger was to be tried")
 
 
 def run_background(run_id: str, max_batch: int, max_probes: int) -> int:

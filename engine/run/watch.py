@@ -48,6 +48,7 @@ class LogCap:
         self.path = path
         self.max_bytes = max_bytes
         self.head_bytes = min(head_bytes, max_bytes // 4)
+        self.head_len: int | None = None  # fixed at the first cut: later cuts keep the same
         self.cut_bytes = 0  # in all, over every cut so far
 
     def check(self) -> int:
@@ -63,24 +64,29 @@ class LogCap:
     def _cut(self, size: int) -> int:
         # After a cut the log is about half the cap: not cut again at every check.
         tail_bytes = self.max_bytes // 2 - self.head_bytes
-        with open(self.path, "r+b") as handle:
-            head = handle.read(self.head_bytes)
-            head = head[:head.rfind(b"\n") + 1] or head  # whole lines where it can
-            handle.seek(max(len(head), size - tail_bytes))
+        with open(self.path, "rb") as handle:
+            if self.head_len is None:
+                head = handle.read(self.head_bytes)
+                self.head_len = head.rfind(b"\n") + 1 or len(head)  # whole lines if it can
+            handle.seek(max(self.head_len, size - tail_bytes))
             tail = handle.read()
-            newline = tail.find(b"\n")
-            if 0 <= newline < len(tail) - 1:
-                tail = tail[newline + 1:]
-            cut = os.fstat(handle.fileno()).st_size - len(head) - len(tail)
-            self.cut_bytes += cut
-            marker = (f"[log] {self.cut_bytes / 2**20:.1f} MiB of output cut here in all: "
-                      f"{WORKER_LOG} is capped at {self.max_bytes / 2**20:g} MiB "
-                      f"({MAX_LOG_ENV}); its start and its newest output are kept\n").encode()
-            # What a writer appends between the read above and the truncate is lost (a
-            # narrow window, once per cut); the count above includes it.
-            handle.truncate(len(head))
-            handle.seek(len(head))
-            handle.write(marker + tail)
+        newline = tail.find(b"\n")
+        if 0 <= newline < len(tail) - 1:
+            tail = tail[newline + 1:]
+        cut = size - self.head_len - len(tail)
+        self.cut_bytes += cut
+        marker = (f"[log] {self.cut_bytes / 2**20:.1f} MiB of output cut here in all: "
+                  f"{WORKER_LOG} is capped at {self.max_bytes / 2**20:g} MiB "
+                  f"({MAX_LOG_ENV}); its start and its newest output are kept\n").encode()
+        # Written through O_APPEND, as every writer of the log writes: what a writer appends
+        # between the read above and the truncate is lost (one narrow window per cut), what
+        # it appends after the truncate lands before the marker, never overwritten.
+        os.truncate(self.path, self.head_len)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, marker + tail)
+        finally:
+            os.close(fd)
         return cut
 
 
@@ -107,14 +113,14 @@ class StallWatch:
         self.since_mono_s = time.monotonic()
         self.since_unix_s = time.time()
         self.warned = False
-        store.merge_summary(run_id, {"stall": None})  # watched: the surfaces ask us
+        try:
+            store.merge_summary(run_id, {"stall": None})  # watched: the surfaces ask us
+        except Exception:  # noqa: BLE001 - unwatched, the surfaces judge from the rows
+            pass
 
     def check(self) -> str | None:
         """A line for the log when the run has just stalled or resumed, else None."""
-        try:
-            progress = progress_of(self.store, self.run_id)
-        except Exception:  # noqa: BLE001 - a busy or missing store: look again next time
-            return None
+        progress = progress_of(self.store, self.run_id)
         if progress != self.progress:
             first = self.progress is None
             self.progress = progress
@@ -123,14 +129,16 @@ class StallWatch:
             if self.warned:
                 self.warned = False
                 self.store.merge_summary(self.run_id, {"stall": None})
-                return f"[supervisor] run {self.run_id}: progress again (step {progress[0]})"
+                steps, rounds = progress
+                return (f"[supervisor] run {self.run_id}: progress again ("
+                        + (f"round {rounds})" if rounds else f"step {steps})"))
             return None
         if self.warned or time.monotonic() - self.since_mono_s < self.warn_after_s:
             return None
-        self.warned = True
         stall = {"since_unix_s": self.since_unix_s, "at_step": progress[0],
-                 "warn_after_s": self.warn_after_s}
+                 "at_round": progress[1], "warn_after_s": self.warn_after_s}
         self.store.merge_summary(self.run_id, {"stall": stall})
+        self.warned = True
         return f"[supervisor] run {self.run_id}: {stall_words(stall)}"
 
 
@@ -151,19 +159,33 @@ class RunWatch:
         self.log = LogCap(store.run_dir(run_id) / WORKER_LOG, int(max_mib * 2**20))
         self.stall = StallWatch(store, run_id, warn_s)
         self.next_log_s = self.next_stall_s = time.monotonic()
+        self.last_problem: str | None = None
 
     def tick(self) -> None:
+        """Never raises: a full disk or a locked store must not end the run it watches."""
         now = time.monotonic()
-        if now >= self.next_log_s:
-            self.next_log_s = now + LOG_CHECK_S
-            self.log.check()
-        if now >= self.next_stall_s:
-            self.next_stall_s = now + STALL_CHECK_S
-            line = self.stall.check()
-            if line:
-                print(line, flush=True)
+        try:
+            if now >= self.next_log_s:
+                self.next_log_s = now + LOG_CHECK_S
+                self.log.check()
+            if now >= self.next_stall_s:
+                self.next_stall_s = now + STALL_CHECK_S
+                line = self.stall.check()
+                if line:
+                    print(line, flush=True)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic; looked at again next tick
+            self._said(exc)
 
     def close(self) -> None:
-        if self.stall.warned:  # the run has ended: nothing is stalled any more
-            self.stall.store.merge_summary(self.stall.run_id, {"stall": None})
-        self.log.check()
+        try:
+            if self.stall.warned:  # the run has ended: nothing is stalled any more
+                self.stall.store.merge_summary(self.stall.run_id, {"stall": None})
+            self.log.check()
+        except Exception as exc:  # noqa: BLE001 - the run's outcome is recorded after this
+            self._said(exc)
+
+    def _said(self, exc: Exception) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if text != self.last_problem:  # once per kind of trouble, not every 0.1 s
+            self.last_problem = text
+            print(f"[supervisor] run {self.stall.run_id}: watch: {text[:300]}", flush=True)

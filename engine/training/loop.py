@@ -143,7 +143,7 @@ class Trainer:
     """Holds the model, optimizer and precision plan for one run (or one rank of it)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device,
-                 parallel: "ParallelContext | None" = None):
+                 parallel: "ParallelContext | None" = None, ledger: bool = True):
         self.cfg = cfg
         self.device = device
         # Same seed on every rank: identical initial weights (FSDP2 shards them as they are).
@@ -173,8 +173,10 @@ class Trainer:
         self.tokens_per_sample = (self.workload.tokens_per_sample if self.workload
                                   else cfg.seq_len if is_token_model(cfg.model) else None)
         self.probe: NumericsProbe | None = None
-        # fp16-amp: which layer overflowed, for every step the GradScaler skipped
-        self.ledger = SkipLedger(self.module) if self.plan.scaler is not None else None
+        # fp16-amp: which layer overflowed, for every step the GradScaler skipped (off in
+        # the speedup check: its per-layer pass would land inside a timed block)
+        self.ledger = (SkipLedger(self.module) if ledger and self.plan.scaler is not None
+                       else None)
 
     def _workload_source(self) -> BatchSource:
         source = self.workload.batches

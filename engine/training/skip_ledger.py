@@ -8,9 +8,12 @@ gradient norm's finiteness on every scaler step, just before `scaler.step`, whic
 its own found-inf flag at that point anyway (a host sync on CUDA); the per-layer pass over
 the gradients runs on skipped steps only.
 
-Layers are the modules that own parameters, in the model's order (input first). The
-overflow starts at the non-finite layer nearest the loss (backward runs from the loss to
-the input and carries inf/NaN downwards): `origin` names it.
+Layers are the modules that own parameters, in the model's registration order (input
+first for the usual Sequential and transformer stacks; a model that registers its modules
+in another order than it calls them shifts `origin` with it). The overflow starts at the
+non-finite layer nearest the loss (backward runs from the loss to the input and carries
+inf/NaN downwards): `origin` names it. Per entry every non-finite layer comes first
+(nearest the loss first), then the largest finite ones, MAX_LAYERS_SHOWN in all.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class SkipLedger:
         nonfinite = [layer["layer"] for layer in layers if layer["nonfinite"]]
         finite = sorted((layer for layer in layers if not layer["nonfinite"]),
                         key=lambda layer: -(layer["max_abs_grad_scaled"] or 0.0))
-        shown = [layer for layer in layers if layer["nonfinite"]] + finite
+        shown = [layer for layer in layers if layer["nonfinite"]][::-1] + finite
         entry = {
             "step": step, "scale_before": scale, "scale_after": None,
             "loss_finite": bool(torch.isfinite(loss).all()),

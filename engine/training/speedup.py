@@ -85,16 +85,18 @@ def memory_by_kind(trainer: Trainer, peak_bytes: int | None) -> dict[str, Any] |
     grads = int(sum(p.numel() * p.element_size() for p in trainer.params))
     state = _optimizer_state_bytes(trainer)
     counted = params + grads + state
-    return {"parameters": params, "gradients": grads, "optimizer_state": state,
-            "master_copies": 0, "rest": max(0, int(peak_bytes) - counted),
-            "peak": int(peak_bytes), "counted_exceeds_peak": counted > peak_bytes}
+    return {"parameters_bytes": params, "gradients_bytes": grads,
+            "optimizer_state_bytes": state, "master_copies_bytes": 0,
+            "rest_bytes": max(0, int(peak_bytes) - counted), "peak_bytes": int(peak_bytes),
+            "counted_exceeds_peak": counted > peak_bytes}
 
 
 class _Mode:
     def __init__(self, label: str, cfg: RunConfig, device: torch.device,
                  init_seed: int | None = None):
         self.label = label
-        self.trainer = Trainer(cfg if init_seed is None else cfg.replace(seed=init_seed), device)
+        self.trainer = Trainer(cfg if init_seed is None else cfg.replace(seed=init_seed), device,
+                               ledger=False)
         if init_seed is not None and self.trainer.workload is None:
             # The noise copy: another initialisation, the baseline's batches (the seed
             # also picks a built-in task's data and teacher)
@@ -183,7 +185,7 @@ def measure_speedup(cfg: RunConfig, device_key: str,
     for mode in [*modes, noise]:
         mode.run_steps(warmup_steps, device)
     # Counted once per mode, so every mode's batch stream stays at the same step.
-    flops = [measure_flops_per_step(mode.trainer) for mode in [*modes, noise]][:len(modes)]
+    flops = [measure_flops_per_step(mode.trainer) for mode in modes]
     flops_per_step = next((f for f in flops if f), None)
     block_steps = _block_steps(modes, device)
     memory_method = _measure_cpu_memory(modes) if device.type != "cuda" else "cuda"
