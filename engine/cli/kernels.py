@@ -58,7 +58,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
     # pandas: only this command reads traces, so the CLI's start-up stays light
     from engine.analysis.explain import analyze, explain_diff, explain_runs
-    from engine.analysis.whatif import run_projection
+    from engine.analysis.whatif import run_projection  # late: as analyze, this command only
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     usage = _usage_problem(args)
