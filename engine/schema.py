@@ -157,6 +157,7 @@ class RunSummary(TypedDict, total=False):
     peak_label: str | None  # what MFU is relative to: datasheet row, or measured when/how
     # MFU against both: "datasheet" (a CPU: its ISA peak) and "measured" (the matmul ceiling)
     mfu_peaks: dict[str, Any]
+    matmul_rates: dict[str, float]  # this device's measured matmul FLOP/s per dtype (what-if)
     fp8_advice: str | None
     # out of memory (run.session)
     oom_batch_size: int

@@ -22,6 +22,7 @@ from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_
 from engine.analysis.explain import differs_words, explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
 from engine.analysis.traces import share_text, short_kernel_name
+from engine.analysis.whatif import summary_projection
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
 from engine.presets import launch_many, numerics_demo_configs
@@ -31,6 +32,8 @@ from engine.run.launcher import reconcile
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
 from pages.ui import ensure_app_shell, fmt_bytes, get_store, plain, show_caveat, status_badge
+from pages.whatif_view import TITLE as WHATIF_TITLE
+from pages.whatif_view import draw_projection
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -235,6 +238,12 @@ def _diff(home: str, base_id: str, run_id: str, base_ended: float | None,
     return explain_runs(get_store(), get_store().get_run(base_id), get_store().get_run(run_id))
 
 
+projected = [run for run in runs if (run.summary.get("explain") or {}).get("accounting")]
+if projected:
+    with st.expander(WHATIF_TITLE):
+        for run in projected:
+            st.markdown(f"**{plain(names[run.id])}**")
+            draw_projection(summary_projection(run), key=f"compare_projection_{run.id}")
 for bounded in runs:  # what limits each run's step, from its profiler window
     verdict = (bounded.summary.get("explain") or {}).get("bound_by")
     if verdict:

@@ -25,10 +25,12 @@ from engine.analysis.explain import (
 )
 from engine.analysis.trace_parser import load_trace
 from engine.analysis.traces import share_text, short_kernel_name
-from engine.analysis.whatif import projection_rows, rate_words, run_projection
+from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
 from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, show_caveat, status_badge
+from pages.whatif_view import TITLE as WHATIF_TITLE
+from pages.whatif_view import draw_projection
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -323,16 +325,8 @@ def report(result: dict) -> None:
 def projection_block(result: dict, run=None) -> None:
     """What-if (engine.analysis.whatif): the step at another matrix rate, always
     labelled a projection, with what it assumes."""
-    proj = run_projection(dict(result), run)
-    st.subheader("What if the matrix work ran at another rate? (a projection)")
-    if "none" in proj:
-        st.caption(f"No projection: {plain(proj['none'])}.")
-        return
-    current = proj["current"]
-    st.caption(plain(f"Today: {current['dtype']} matrix work, against a "
-                     f"{rate_words(current['flops_per_s'])} peak ({current['basis']}). This is "
-                     f"{proj['assumes']}."))
-    st.dataframe(pd.DataFrame(projection_rows(proj)), hide_index=True, key="kernels_projection")
+    st.subheader(WHATIF_TITLE)
+    draw_projection(run_projection(dict(result), run, read_cache=False), key="kernels_projection")
 
 
 def _saved_upload(upload) -> str:

@@ -23,6 +23,7 @@ from engine.analysis.live import (
     live_headline,
 )
 from engine.analysis.stall import stall_of, stall_words
+from engine.analysis.whatif import summary_projection
 from engine.analysis.traces import share_text
 from engine.run.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
@@ -39,6 +40,8 @@ from engine.store import RunNotFound
 from engine.store.downsample import downsample_minmax
 from pages import charts
 from pages.speedup_view import draw_speedup
+from pages.whatif_view import TITLE as WHATIF_TITLE
+from pages.whatif_view import draw_projection
 from pages.ui import (
     LIVE_RUN_KEY,
     PREFILL_KEY,
@@ -222,6 +225,14 @@ def data_wait_line(run, frame: pd.DataFrame) -> None:
         st.caption(text)
 
 
+def projection_expander(run) -> None:
+    """The what-if of the run's profiler window, once it is analysed."""
+    if not (run.summary.get("explain") or {}).get("accounting"):
+        return
+    with st.expander(WHATIF_TITLE):
+        draw_projection(summary_projection(run), key="live_projection")
+
+
 def matrix_unit_badge(run) -> None:
     """After the profiler window: did the matrix work run on the matrix unit?"""
     summary = run.summary
@@ -369,6 +380,7 @@ def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None =
         headline_metrics(current, frame)
         data_wait_line(current, frame)
         matrix_unit_badge(current)
+        projection_expander(current)
         charts_block(current, frame)
         skip_ledger_block(current)
         telemetry_block(current)

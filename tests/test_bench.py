@@ -162,3 +162,17 @@ def test_speedup_calibration_counts_aa_claims_per_condition():
     if (os.cpu_count() or 1) <= 2:
         assert result["conditions"]["one CPU hog"]["busy_checks"] >= 1
     assert len(result["paired"]) == 1 and result["paired"][0]["speedup"] > 0
+
+
+@pytest.mark.timeout(500)
+def test_whatif_projects_an_fp32_step_and_measures_it_beside():
+    result = run_bench("bench.whatif", timeout=460)
+    assert_common(result, "whatif")
+    (row,) = result["workloads"]
+    assert row["workload"] == "mlp:tiny:32"
+    assert_finite(row["measured_speedup"], "measured speedup")
+    if row["projected_speedup"] is not None:  # this CPU's bf16 rate was measured quiet
+        assert_finite(row["error_pct"], "projection error")
+        assert row["projection"]["words"].startswith("Projection, bf16 on this device:")
+    else:
+        assert row["projection"]["none"]

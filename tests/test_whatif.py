@@ -13,6 +13,7 @@ import pytest
 
 from engine.analysis.explain import analyze
 from engine.analysis.whatif import ASSUMPTION, project_step, projection
+from engine.config import RunConfig
 from engine.hardware.gpus import DATASHEET_TFLOPS
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
@@ -90,3 +91,55 @@ def test_engine_kernels_json_carries_the_projection():
     result = json.loads(out.getvalue())
     assert result["projection"]["current"]["dtype"] == "bf16"
     assert any(t["target"] == "fp8 on this device" for t in result["projection"]["targets"])
+
+
+def _gpu_run_from_trace(store, result):
+    """A run record as a trainer leaves it after its profiler window (summary "explain")."""
+    from engine.config import RunConfig
+
+    run_id = store.create_run(RunConfig(model="gpt", size="tiny", precision="bf16-amp"),
+                              "cuda:0", "NVIDIA H100 80GB HBM3")
+    accounting = result["accounting"]
+    store.merge_summary(run_id, {"compute_dtype": "bf16", "explain": {
+        "matrix_dtype": result["matrix_dtype"],
+        "accounting": {k: accounting[k] for k in ("kind", "step_time_us", "parts_per_step_us")}}})
+    store.set_status(run_id, "finished", "finished after 10 steps")
+    return run_id
+
+
+def test_a_runs_stored_window_projects_as_its_trace_does(store, h100):
+    from engine.analysis.whatif import summary_projection
+
+    run = store.get_run(_gpu_run_from_trace(store, h100))
+    from_summary, from_trace = summary_projection(run), projection(h100)
+    assert [t["projected_step_us"] for t in from_summary["targets"]] == pytest.approx(
+        [t["projected_step_us"] for t in from_trace["targets"]])
+    cpu_id = store.create_run(RunConfig(model="mlp"), "cpu")
+    store.merge_summary(cpu_id, {"compute_dtype": "fp32", "matmul_rates": {"fp32": 1e11,
+                                                                          "bf16": 2e11},
+                                 "explain": {"accounting": {
+                                     "kind": "cpu", "step_time_us": 100.0,
+                                     "parts_per_step_us": {"matrix": 50.0, "idle": 50.0}}}})
+    (bf16,) = summary_projection(store.get_run(cpu_id))["targets"]
+    assert bf16["projected_step_us"] == pytest.approx(75.0)  # the rates the trainer stored
+    assert "no analysed profiler window" in summary_projection(
+        store.get_run(store.create_run(RunConfig(), "cpu")))["none"]
+
+
+def test_live_and_compare_show_the_projection(store, h100, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    run_id = _gpu_run_from_trace(store, h100)
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(store.home))
+    app = str(Path(__file__).resolve().parent.parent / "app.py")
+    for page, query in (("pages/live.py", {"run": run_id}),
+                        ("pages/compare.py", {"runs": run_id})):
+        at = AppTest.from_file(app, default_timeout=90)
+        at.run()
+        for key, value in query.items():
+            at.query_params[key] = value
+        at.switch_page(page).run()
+        assert not at.exception, (page, at.exception)
+        tables = [frame.value for frame in at.dataframe if "what if" in frame.value.columns]
+        assert tables and "fp8 on this device" in set(tables[0]["what if"]), page
+        assert any("a projection, not a measurement" in c.value for c in at.caption), page

@@ -133,13 +133,29 @@ def projection(result: Mapping[str, Any],
             "targets": targets, "assumes": ASSUMPTION}
 
 
-def run_projection(result: dict, run) -> dict:
-    """The what-if projection of a trace's step (analysis.whatif); for a run of this
-    machine, its compute dtype and this device's measured matmul rates too."""
+def run_projection(result: dict, run, read_cache: bool = True) -> dict:
+    """The what-if projection of a trace's step; for a run, its compute dtype and the
+    matmul rates its trainer stored (summary "matmul_rates"), else, with `read_cache`, this
+    device's stored measurements (imports torch: the pages pass False)."""
     if run is None:
         return projection(result)
     result["matrix_dtype"] = result.get("matrix_dtype") or run.summary.get("compute_dtype")
-    return projection(result, measured_rates(run.device_key))
+    rates = run.summary.get("matmul_rates")
+    if rates is None and read_cache:
+        rates = measured_rates(run.device_key)
+    return projection(result, rates)
+
+
+def summary_projection(run) -> dict:
+    """The projection of a run's profiler window from its stored summary (Live, Compare:
+    no trace read, no torch), with the matmul rates its trainer stored."""
+    explain = run.summary.get("explain") or {}
+    if not explain.get("accounting"):
+        return {"none": "this run has no analysed profiler window (it ran with --no-profile, "
+                        "or ended before its window)"}
+    result = {"accounting": explain["accounting"], "device": run.device_name,
+              "matrix_dtype": explain.get("matrix_dtype")}
+    return run_projection(result, run, read_cache=False)
 
 
 def projection_rows(proj: Mapping[str, Any]) -> list[dict[str, Any]]:

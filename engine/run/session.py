@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.analysis.contention import assess, sample_is_busy
 from engine.analysis.speedup import apply_verdicts, explain
+from engine.analysis.whatif import measured_rates
 from engine.config import COMPUTE_DTYPES, Precision, RunConfig
 from engine.hardware.contention import logical_cores
 from engine.hardware.devices import EMULATED, get_device, mode_support
@@ -167,6 +168,9 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     summary = result_summary(result, peak) if spec.lead else {}
     if spec.lead:
         summary["mfu_peaks"] = both_mfus(spec, result.achieved_tflops)
+        # this device's measured matmul rates per dtype, for the what-if (analysis.whatif)
+        # on surfaces that do not load torch
+        summary["matmul_rates"] = measured_rates(spec.device_key)
         check_peak_beaten(spec.device_key, cfg, result.achieved_tflops,
                           peak / spec.parallel.world_size
                           if peak and spec.parallel is not None

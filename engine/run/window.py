@@ -70,6 +70,7 @@ def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
             "idle_share": result.get("idle_share"), "copy_us": result.get("copy_us"),
             "overlap_us": result.get("overlap_us"),
             "parts_per_step_us": accounting.get("parts_per_step_us"),
+            "matrix_dtype": result.get("matrix_dtype"),  # the what-if's today (GPU kernels)
             # what bound_by reads, so run.finalize can decide again with the run's measured
             # data wait (the window alone sees a few steps' DataLoader spans at most)
             "accounting": {key: accounting.get(key) for key in BOUND_BY_KEYS}}
