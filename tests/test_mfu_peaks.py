@@ -14,6 +14,7 @@ from engine.hardware.devices import DeviceInfo, get_device
 from engine.hardware.gpus import DATASHEET_TFLOPS
 from engine.hardware.peaks import isa_peak, reference_peaks
 from engine.schema import mfus_against
+from engine.store import Store
 
 H100 = DeviceInfo(key="cuda:0", kind="cuda", name="NVIDIA H100 80GB HBM3", capability="sm90",
                   memory_bytes=80 * 2**30, compute_capability=(9, 0))
@@ -54,7 +55,7 @@ def test_a_beaten_peak_says_so_instead_of_an_mfu_above_100_percent():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_run_reports_both_mfus_and_its_headline_is_one_of_them(cli):
+def test_a_run_reports_both_mfus_and_its_headline_is_one_of_them(cli, home):
     result = cli("run", "--model", "mlp", "--size", "tiny", "--device", "cpu", "--steps", "60",
                  "--no-profile", "--json", timeout=200)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -62,9 +63,12 @@ def test_a_run_reports_both_mfus_and_its_headline_is_one_of_them(cli):
     peaks = out["mfu_peaks"]
     assert set(peaks) == {"datasheet", "measured"}
     assert peaks["datasheet"]["label"].startswith("ISA peak of this CPU for fp32")
+    summary = Store(home).get_run(out["run_id"]).summary
     if out["mfu"] is not None:  # a quiet measured peak: MFU against it is the headline
         assert peaks["measured"]["mfu"] == pytest.approx(out["mfu"], rel=1e-9)
         assert peaks["measured"]["label"] == out["mfu_peak"]
+        # and the what-if reads the same rate from the summary (no torch on the pages)
+        assert summary["matmul_rates"]["fp32"] == peaks["measured"]["flops_per_s"]
     else:  # the peak was measured while busy (not kept): both say so, neither invents one
         assert peaks["measured"]["mfu"] is None and peaks["measured"]["label"]
     assert peaks["datasheet"]["mfu"] is not None and 0 < peaks["datasheet"]["mfu"] <= 1

@@ -64,10 +64,27 @@ def write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def no_children_left() -> bool:
-    """No live child process (a zombie is dead: another test's child not yet reaped)."""
-    return not [child for child in psutil.Process().children(recursive=True)
-                if _status(child) not in (psutil.STATUS_ZOMBIE, None)]
+def no_children_left(wait_s: float = 10.0) -> bool:
+    """No live child process within `wait_s` (a zombie is dead: another test's child not
+    yet reaped). multiprocessing's resource tracker is this test process's own helper for
+    its lifetime (started with the first DataLoader's semaphores), not a run's leftover."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [child for child in psutil.Process().children(recursive=True)
+                 if _status(child) not in (psutil.STATUS_ZOMBIE, None)
+                 and "resource_tracker" not in " ".join(_cmdline(child))]
+        if not alive or time.monotonic() > deadline:
+            return not alive
+        time.sleep(0.1)
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _status(process: psutil.Process) -> str | None:

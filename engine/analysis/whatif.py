@@ -25,6 +25,11 @@ from typing import Any, Mapping
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
 
 MATRIX_PARTS = ("matrix", "attention")
+# A CPU rate this far below today's is an emulated dtype's microbenchmark: the model's own
+# matmuls may be converted and run nearer today's rate (bench.whatif measures how far off).
+EMULATED_NOTE = ("; far below today's rate (an emulated dtype): the model's own matmuls may "
+                 "convert and run faster than this microbenchmark, so expect the projection "
+                 "to be too slow; measure with the speedup check")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 ASSUMPTION = ("a projection, not a measurement: the matrix work is assumed to run at the same "
               "share of the target's peak as it does now of today's, everything else unchanged")
@@ -69,6 +74,12 @@ def _untouched_parts(accounting: Mapping[str, Any]) -> str:
     return ", ".join(names) or "nothing else"
 
 
+def ms_text(us: float) -> str:
+    """A step time in ms to the digits that matter, never in e-notation."""
+    ms = us / 1000.0
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def _change_words(speedup: float) -> str:
     return (f"{speedup:.3g}x faster" if speedup >= 1.005 else
             f"{1 / speedup:.3g}x slower" if speedup <= 0.995 else "no change")
@@ -79,8 +90,8 @@ def projection_words(target: Mapping[str, Any], accounting: Mapping[str, Any]) -
     optimizer, idle, copies) no precision change touches."."""
     change = _change_words(target["speedup"])
     return (f"Projection, {target['target']}: the step would take "
-            f"{target['projected_step_us'] / 1000:.3g} ms instead of "
-            f"{target['step_us'] / 1000:.3g} ms ({change}); "
+            f"{ms_text(target['projected_step_us'])} ms instead of "
+            f"{ms_text(target['step_us'])} ms ({change}); "
             f"{target['untouched_share'] * 100:.0f} % of today's step "
             f"({_untouched_parts(accounting)}) no precision change touches.")
 
@@ -118,7 +129,8 @@ def projection(result: Mapping[str, Any],
     current = rates[dtype]
     targets = [_target(accounting, f"{other} on this device", "dtype", current, flops,
                        f"{other} {rate_words(flops)} vs {dtype} {rate_words(current)}, "
-                       f"from {where}")
+                       f"from {where}" + (EMULATED_NOTE if accounting.get("kind") == "cpu"
+                                          and flops < current * 0.1 else ""))
                for other, flops in rates.items() if other != dtype and other in DTYPES]
     if accounting.get("kind") == "gpu" and row:
         for other_row, figures in DATASHEET_TFLOPS.items():
@@ -160,8 +172,8 @@ def summary_projection(run) -> dict:
 
 def projection_rows(proj: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One table row per target, as the Kernels, Live and Compare pages show them."""
-    return [{"what if": t["target"], "projected step (ms)": f"{t['projected_step_us'] / 1000:.4g}",
-             "today (ms)": f"{t['step_us'] / 1000:.4g}",
+    return [{"what if": t["target"], "projected step (ms)": ms_text(t["projected_step_us"]),
+             "today (ms)": ms_text(t["step_us"]),
              "change": _change_words(t["speedup"]),
              "untouched by precision": f"{t['untouched_share'] * 100:.0f} %",
              "basis": t["basis"]} for t in proj.get("targets", [])]
