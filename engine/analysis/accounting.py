@@ -24,6 +24,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+import pandas as pd
+
 from engine.analysis.trace_parser import SPAN_PREFIXES, ParsedTrace, load_trace
 
 PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
@@ -117,19 +119,49 @@ def _window(trace: ParsedTrace, step: int | None) -> dict:
 # ---------------------------------------------------------------------------------------
 # GPU: one sweep over all activities gives unions, overlaps and the exclusive split
 
-def _activities(trace: ParsedTrace) -> list[tuple[float, float, str, int]]:
-    """(start, end, part, priority) of every kernel and copy-engine event."""
-    table = trace.table
-    items = []
-    if not table.empty:
-        ends = table["ts_us"] + table["dur_us"]
-        for start, end, category in zip(table["ts_us"].tolist(), ends.tolist(),
-                                        table["category"].tolist()):
-            part = _KERNEL_PARTS.get(category, "other")
-            items.append((start, end, part, _COMM if part == "communication" else _COMPUTE))
-    for copy in trace.copies:
-        items.append((copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE))
-    return items
+def _as_id(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class _Activities:
+    """Every kernel and copy-engine event as a sweep item (start, end, part, priority),
+    sorted by start, with the correlation id that pairs it with its runtime launch call:
+    a window's items are found by bisection, not by a pass over all of them (a 1 GiB
+    trace has 200 steps and 300k kernels)."""
+
+    def __init__(self, trace: ParsedTrace):
+        rows = []
+        table = trace.table
+        if not table.empty:
+            ends = table["ts_us"] + table["dur_us"]
+            for start, end, category, correlation in zip(
+                    table["ts_us"].tolist(), ends.tolist(), table["category"].tolist(),
+                    table["correlation"].tolist()):
+                part = _KERNEL_PARTS.get(category, "other")
+                rows.append((start, end, part, _COMM if part == "communication" else _COMPUTE,
+                             _as_id(correlation) if correlation is not pd.NA else None))
+        for copy in trace.copies:
+            rows.append((copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE,
+                         _as_id(copy[7]) if len(copy) > 7 else None))
+        rows.sort(key=lambda row: row[0])
+        self.items = [row[:4] for row in rows]
+        self.correlations = [row[4] for row in rows]
+        self.starts = [row[0] for row in rows]
+        self.longest_us = max((row[1] - row[0] for row in rows), default=0.0)
+
+    def within(self, lo: float, hi: float) -> list[tuple[float, float, str, int]]:
+        """The items that may overlap [lo, hi] (the sweep clips them)."""
+        first = bisect.bisect_left(self.starts, lo - self.longest_us)
+        return self.items[first:bisect.bisect_left(self.starts, hi)]
+
+    def span(self) -> tuple[float, float] | None:
+        """The GPU's own span: first activity start .. last activity end."""
+        if not self.items:
+            return None
+        return self.items[0][0], max(item[1] for item in self.items)
 
 
 def _sweep(items: list[tuple[float, float, str, int]], lo: float, hi: float) -> dict:
@@ -141,7 +173,7 @@ def _sweep(items: list[tuple[float, float, str, int]], lo: float, hi: float) -> 
         if end > start:
             points.append((start, 1, part_index[part], priority))
             points.append((end, -1, part_index[part], priority))
-    points.sort(key=lambda p: (p[0], p[1]))  # ends before starts at the same instant
+    points.sort()  # by time, ends (-1) before starts (+1) at the same instant
     counts = [[0] * len(PARTS) for _ in range(3)]
     totals = [0, 0, 0]
     parts = [0.0] * len(PARTS)
@@ -210,7 +242,7 @@ def _stream_table(trace: ParsedTrace, lo: float, hi: float, window_us: float) ->
                 row["kernel_count"] += 1
                 row["kernel_us"] += clipped
                 row["intervals"].append((start, start + dur))
-    for name, start, dur, stream, _device, _size, kind in trace.copies:
+    for name, start, dur, stream, _device, _size, kind, *_ in trace.copies:
         clipped = min(start + dur, hi) - max(start, lo)
         if clipped > 0:
             row = rows[stream]
@@ -230,7 +262,7 @@ def _copy_table(trace: ParsedTrace, lo: float, hi: float) -> list[dict]:
     """Copy-engine events by direction: count, bytes, time and achieved GB/s."""
     rows: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "us": 0.0,
                                                  "bytes_known": True})
-    for name, start, dur, _stream, _device, size, kind in trace.copies:
+    for name, start, dur, _stream, _device, size, kind, *_ in trace.copies:
         if start + dur < lo or start > hi:
             continue
         match = _DIRECTION.search(name)
@@ -304,18 +336,88 @@ def _gpu_window_figures(items, lo: float, hi: float) -> dict:
             "_gaps": swept["gaps"]}
 
 
+# ---------------------------------------------------------------------------------------
+# GPU work by the step that launched it
+
+def _by_launch(trace: ParsedTrace, activities: _Activities, steps: list[dict]
+               ) -> tuple[list[list], list, list]:
+    """Each activity to the ProfilerStep whose CPU span holds the runtime call that
+    launched it (args.correlation pairs kernel and call), whatever the GPU's lag.
+    -> (items per step, items launched outside every step, items with no launch event:
+    launched before the profiler started, or a trace without correlation ids)."""
+    launched_at = {}
+    for launch in trace.launches:
+        correlation = _as_id(launch[0])
+        if correlation is not None:
+            launched_at[correlation] = launch[2]
+    starts = [entry["start_us"] for entry in steps]
+    per_step: list[list] = [[] for _ in steps]
+    outside, unlaunched = [], []
+    for item, correlation in zip(activities.items, activities.correlations):
+        time_us = launched_at.get(correlation) if correlation is not None else None
+        if time_us is None:
+            unlaunched.append(item)
+            continue
+        index = bisect.bisect_right(starts, time_us) - 1
+        if index >= 0 and time_us <= steps[index]["end_us"]:
+            per_step[index].append(item)
+        else:
+            outside.append(item)
+    return per_step, outside, unlaunched
+
+
+def _own_span_figures(items: list, step_start_us: float | None = None) -> dict:
+    """Busy and idle of `items` over their own span (first start .. last end): the idle
+    HolisticTraceAnalysis reports, beside the idle within the CPU-side step."""
+    if not items:
+        return {"activity_count": 0, "busy_us": 0.0, "gpu_start_us": None, "gpu_end_us": None,
+                "gpu_span_us": None, "idle_in_gpu_span_us": None,
+                "idle_in_gpu_span_share": None, "gpu_lag_us": None}
+    lo, hi = min(item[0] for item in items), max(item[1] for item in items)
+    busy = _merged_length([item[:2] for item in items], lo, hi)
+    return {"activity_count": len(items), "busy_us": _us(busy), "gpu_start_us": _us(lo),
+            "gpu_end_us": _us(hi), "gpu_span_us": _us(hi - lo),
+            "idle_in_gpu_span_us": _us(max(0.0, hi - lo - busy)),
+            "idle_in_gpu_span_share": _share(max(0.0, hi - lo - busy), hi - lo),
+            # how long after its step began the step's first GPU work started
+            "gpu_lag_us": _us(lo - step_start_us) if step_start_us is not None else None}
+
+
+def _launch_summary(per_step: list[list], outside: list, unlaunched: list,
+                    gpu_busy_us: float) -> dict:
+    """GPU busy time launched inside the steps, outside every step, and with no launch
+    event, each as a share of the GPU's busy time over its own span."""
+    attributed = [item for items in per_step for item in items]
+
+    def part(items: list, busy: float | None = None) -> dict:
+        busy = _own_span_figures(items)["busy_us"] if busy is None else busy
+        return {"activity_count": len(items), "busy_us": busy,
+                "share_of_gpu_busy": _share(busy, gpu_busy_us)}
+    # all of it launched in steps (the usual case): its union is the GPU's, swept already
+    return {"in_steps": part(attributed, None if outside or unlaunched else gpu_busy_us),
+            "outside_steps": part(outside), "no_launch_event": part(unlaunched)}
+
+
 def gpu_accounting(trace: ParsedTrace, step: int | None = None) -> dict:
     window = _window(trace, step)
     lo, hi, window_us = window["start_us"], window["end_us"], window["window_us"]
-    items = _activities(trace)
-    figures = _gpu_window_figures(items, lo, hi)
+    activities = _Activities(trace)
+    figures = _gpu_window_figures(activities.within(lo, hi), lo, hi)
     gaps = figures.pop("_gaps")
+    all_steps = profiler_steps(trace)
+    per_step, outside, unlaunched = _by_launch(trace, activities, all_steps)
+    launched = {entry["step"]: items for entry, items in zip(all_steps, per_step)}
     steps = []
     for entry in window["steps"]:
-        one = _gpu_window_figures(items, entry["start_us"], entry["end_us"])
+        one = _gpu_window_figures(activities.within(entry["start_us"], entry["end_us"]),
+                                  entry["start_us"], entry["end_us"])
         one.pop("_gaps")
         steps.append({"step": entry["step"], "start_us": _us(entry["start_us"]),
-                      "step_time_us": one.pop("window_us"), **one})
+                      "step_time_us": one.pop("window_us"), **one,
+                      "launched": _own_span_figures(launched.get(entry["step"], []),
+                                                    entry["start_us"])})
+    span = activities.span()
+    gpu_span = _own_span_figures(activities.items) if span else None
     sync_count, sync_us = _sync_calls(trace, lo, hi)
     count = window["step_count"]
     return {
@@ -331,6 +433,12 @@ def gpu_accounting(trace: ParsedTrace, step: int | None = None) -> dict:
         "copies": _copy_table(trace, lo, hi),
         "streams": _stream_table(trace, lo, hi, window_us),
         "steps": steps,
+        # The GPU's own span and the work by launching step: the window above is the
+        # CPU-side steps, and time-clipping GPU work to it counts what an earlier step
+        # launched and leaves out what ran after (docs/precision-reference.md#time-accounting)
+        "gpu_span": gpu_span,
+        "by_launch": _launch_summary(per_step, outside, unlaunched, gpu_span["busy_us"])
+        if all_steps and gpu_span else None,
         "parts_per_step_us": {p: _us(us / count) for p, us in figures["parts_us"].items()},
         "data_loader_us": _us(_spans_union(trace, "enumerate(DataLoader)", lo, hi)),
         "optimizer_span_us": _us(_spans_union(trace, "Optimizer.step#", lo, hi)),

@@ -5,19 +5,16 @@ launched it. The judging (Tensor-Core verdict, breakdown, causes) is engine.anal
 Input: a PyTorch profiler (Kineto) Chrome trace, `.json` or `.json.gz`. Kernel events have
 `cat` "kernel" (old traces: "Kernel"), `dur` in microseconds and `args.correlation`, which
 links each kernel to the CUDA runtime/driver call that launched it; that call carries the
-`External id` of the CPU op (aten::mm, ...) it ran under. A trace is read with a size cap
-(a gzip bomb stops there) and events it cannot read are counted, not fatal.
+`External id` of the CPU op (aten::mm, ...) it ran under. A trace is read as a stream
+(engine.analysis.trace_reader: memory follows the events kept, bounds named in their
+refusals) and events it cannot read are counted, not fatal.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import math
 import os
 import re
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -25,187 +22,21 @@ from typing import IO, Any
 import pandas as pd
 
 from engine.analysis.kernels import classify_kernel
+from engine.analysis.trace_reader import (
+    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, TraceTooLarge, _BadDuration,
+    _Copy, _CpuOp, _Fallback, _Kernel, _Launch, _Malformed, _Span, compact_dict,
+    max_trace_bytes, open_source, read_all, stream_events, too_large)
 from engine.hardware.gpus import compute_capability_from_name
 
-KERNEL_EVENT_CATEGORIES = frozenset({"kernel", "Kernel"})
-# Copy-engine transfers and fills: a GPU activity of their own, not kernels (old schema:
-# "Memcpy"/"Memset"). Kineto records bytes in args; the direction is in the name.
-COPY_EVENT_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
-LAUNCH_EVENT_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
-CPU_OP_EVENT_CATEGORIES = frozenset({"cpu_op", "Operator"})
-# record_function spans on the CPU side: profiler steps, the DataLoader, the optimizer.
-ANNOTATION_EVENT_CATEGORIES = frozenset({"user_annotation"})
-SPAN_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#",
-                 "Optimizer.zero_grad#")
+__all__ = ["MAX_TIME_US", "SPAN_PREFIXES", "TABLE_COLUMNS", "ParsedTrace", "TraceTooLarge",
+           "load_kernel_table", "load_trace", "trace_device", "trace_metadata"]
 
 TABLE_COLUMNS = ("name", "dur_us", "ts_us", "stream", "device", "correlation", "external_id",
                  "cpu_op", "category", "tensor_core", "dtype", "reason")
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
 
 # ---------------------------------------------------------------------------------------
 # reading
-
-class _Kernel(tuple):
-    """(name, ts_us, dur_us, pid, tid, correlation, external_id, stream, device)"""
-
-
-class _Launch(tuple):
-    """(correlation, external_id, ts_us, pid, tid, name, dur_us)"""
-
-
-class _CpuOp(tuple):
-    """(name, ts_us, end_us, pid, tid, external_id)"""
-
-
-class _Copy(tuple):
-    """(name, ts_us, dur_us, stream, device, bytes, kind) of a copy-engine event;
-    kind is "memcpy" or "memset"."""
-
-
-class _Span(tuple):
-    """(name, ts_us, end_us, pid, tid) of a record_function span (ProfilerStep#N, ...)."""
-
-
-class _BadDuration(tuple):
-    """(kind, "negative" | "missing"): a GPU activity or CPU op whose duration or start
-    is missing, not a number or negative: a defect of the trace, left out of every sum."""
-
-
-def _arg(args: dict, *keys: str) -> Any:
-    for key in keys:
-        if key in args:
-            return args[key]
-    return None
-
-
-def _args(obj: dict) -> dict:
-    args = obj.get("args")
-    return args if isinstance(args, dict) else {}
-
-
-class _Malformed(tuple):
-    """A kernel / launch / CPU-op event whose fields have the wrong shape (a name that is
-    not text, an id that is a list or an object): counted and left out of every sum."""
-
-
-_SCALAR = (int, float, str, type(None))
-
-
-def _scalars(*values: Any) -> bool:
-    return all(isinstance(value, _SCALAR) and not isinstance(value, bool) for value in values)
-
-
-def _compact_event(obj: dict) -> Any:
-    """json object_hook: keep the few fields we use of kernel / launch / CPU-op events and
-    drop every other event as soon as it is parsed, so memory stays bounded on big traces
-    (python_function and flow events are most of a Kineto file). An event of ours with
-    fields of the wrong shape becomes a _Malformed marker instead of a crash later."""
-    if "ph" not in obj and "cat" not in obj:
-        return obj  # an args dict, a deviceProperties entry, or the top-level object
-    category = obj.get("cat")
-    if not isinstance(category, str):
-        return None
-    if category in KERNEL_EVENT_CATEGORIES:
-        args = _args(obj)
-        name, correlation = obj.get("name") or "", _arg(args, "correlation")
-        external, device = _arg(args, "External id", "external id"), _arg(args, "device")
-        if not isinstance(name, str) or not _scalars(obj.get("pid"), obj.get("tid"), correlation,
-                                                     external, device):
-            return _Malformed(("kernel",))
-        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
-        if ts_us is None or dur_us is None or dur_us < 0:
-            return _BadDuration(("kernel", "negative" if dur_us is not None and dur_us < 0
-                                 else "missing"))
-        return _Kernel((name, ts_us, dur_us, obj.get("pid"), obj.get("tid"), correlation,
-                        external, _stream(args, obj.get("tid")), device))
-    if category in COPY_EVENT_CATEGORIES:
-        return _copy_event(obj, category)
-    if category in ANNOTATION_EVENT_CATEGORIES:
-        name = obj.get("name")
-        if not isinstance(name, str) or not name.startswith(SPAN_PREFIXES):
-            return None
-        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
-        if ts_us is None or dur_us is None or dur_us < 0:
-            return _BadDuration(("annotation", "negative" if dur_us is not None and dur_us < 0
-                                 else "missing"))
-        return _Span((name, ts_us, ts_us + dur_us, obj.get("pid"), obj.get("tid")))
-    if category in LAUNCH_EVENT_CATEGORIES:
-        args = _args(obj)
-        correlation, external = _arg(args, "correlation"), _arg(args, "External id", "external id")
-        name = obj.get("name")
-        if not _scalars(correlation, external, obj.get("pid"), obj.get("tid")):
-            return _Malformed(("launch",))
-        dur_us = _time(obj.get("dur"))
-        return _Launch((correlation, external, _number(obj.get("ts")), obj.get("pid"),
-                        obj.get("tid"), name if isinstance(name, str) else "",
-                        dur_us if dur_us is not None and dur_us >= 0 else 0.0))
-    if category in CPU_OP_EVENT_CATEGORIES:
-        args = _args(obj)
-        name, external = obj.get("name") or "", _arg(args, "External id", "external id")
-        if not isinstance(name, str) or not _scalars(external, obj.get("pid"), obj.get("tid")):
-            return _Malformed(("cpu op",))
-        ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
-        if ts_us is None or dur_us is None or dur_us < 0:
-            return _BadDuration(("cpu op", "negative" if dur_us is not None and dur_us < 0
-                                 else "missing"))
-        return _CpuOp((name, ts_us, ts_us + dur_us, obj.get("pid"), obj.get("tid"), external))
-    return None
-
-
-def _copy_event(obj: dict, category: str) -> Any:
-    args = _args(obj)
-    name, device = obj.get("name") or "", _arg(args, "device")
-    size = args.get("bytes")
-    if not isinstance(name, str) or not _scalars(obj.get("pid"), obj.get("tid"), device, size):
-        return _Malformed(("copy",))
-    ts_us, dur_us = _time(obj.get("ts")), _time(obj.get("dur"))
-    if ts_us is None or dur_us is None or dur_us < 0:
-        return _BadDuration(("copy", "negative" if dur_us is not None and dur_us < 0
-                             else "missing"))
-    kind = "memset" if "memset" in category.lower() else "memcpy"
-    size = _time(size)
-    return _Copy((name, ts_us, dur_us, _stream(args, obj.get("tid")), device,
-                  int(size) if size is not None and size >= 0 else None, kind))
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-# Past this a time is a defect, not a time: 1e17 us is ~3,000 years (a Kineto timestamp
-# is us since the epoch, ~1.8e15 today). A 1e308 ts would make every window absurd.
-MAX_TIME_US = 1e17
-
-
-def _time(value: Any) -> float | None:
-    """A timestamp or duration in us, kept fractional (Kineto writes ns precision as
-    fractional us; rounding them shifts short kernels by up to 18 %); None when missing,
-    not a number, not finite, or beyond MAX_TIME_US."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and abs(number) <= MAX_TIME_US else None
-
-
-def _stream(args: dict, tid: Any) -> int | None:
-    """args.stream, else the old schema's tid "stream 7"."""
-    stream = args.get("stream")
-    if stream is None and isinstance(tid, str):
-        match = re.search(r"\d+", tid)
-        stream = match.group() if match else None
-    try:
-        return int(stream) if stream is not None else None
-    except (TypeError, ValueError):
-        return None
-
 
 def _source_name(path_or_fileobj: Any) -> str:
     if isinstance(path_or_fileobj, (str, os.PathLike)):
@@ -213,99 +44,61 @@ def _source_name(path_or_fileobj: Any) -> str:
     return str(getattr(path_or_fileobj, "name", "<trace stream>"))
 
 
-MAX_TRACE_ENV = "PRECISION_LAB_MAX_TRACE_MIB"
-# Decompressed bytes a trace may have: real profiler windows are tens of MiB (the largest
-# fixture, 190 MiB, parses in ~1.4 GiB of memory); a gzip bomb stops here instead of
-# taking the server's memory. Raise it with PRECISION_LAB_MAX_TRACE_MIB.
-DEFAULT_MAX_TRACE_MIB = 200
-_CHUNK = 1 << 20
+def _cannot_read(source: str, exc: BaseException) -> ValueError:
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return ValueError(f"{source}: cannot read trace file: {reason}")
 
 
-class TraceTooLarge(ValueError):
-    """The trace (decompressed) is larger than the configured limit."""
-
-
-def max_trace_bytes() -> int:
-    text = os.environ.get(MAX_TRACE_ENV, "")
-    try:
-        mib = int(text) if text.strip() else DEFAULT_MAX_TRACE_MIB
-    except ValueError:
-        mib = DEFAULT_MAX_TRACE_MIB
-    return max(1, mib) * 2**20
-
-
-def _too_large(source: str, limit: int) -> TraceTooLarge:
-    return TraceTooLarge(f"{source}: larger than {limit // 2**20} MiB decompressed, the limit "
-                         f"for a trace; set {MAX_TRACE_ENV} to raise it")
-
-
-def _read_bytes(path_or_fileobj: str | os.PathLike | IO[bytes], source: str = "trace") -> bytes:
-    """The (decompressed) file content, read in chunks and refused past the size limit.
-    gzip is detected by its magic bytes, not the name."""
-    limit = max_trace_bytes()
-    if isinstance(path_or_fileobj, (str, os.PathLike)):
-        with open(path_or_fileobj, "rb") as handle:
-            return _read_limited(handle, limit, source)
-    return _read_limited(path_or_fileobj, limit, source)
-
-
-def _read_limited(handle: IO[bytes], limit: int, source: str) -> bytes:
-    head = handle.read(2)
-    if isinstance(head, str):  # a text stream
-        head = head.encode()
-        rest = handle.read().encode()
-        raw = head + rest
-        if len(raw) > limit:
-            raise _too_large(source, limit)
-        return raw
-    stream = gzip.GzipFile(fileobj=_Prefixed(head, handle)) if head == _GZIP_MAGIC else None
-    parts, total = [head] if stream is None else [], 0 if stream is not None else len(head)
-    reader = stream or handle
-    while True:
-        chunk = reader.read(_CHUNK)
-        if not chunk:
-            break
-        total += len(chunk)
-        if total > limit:  # stop reading: a bomb never expands past the limit in memory
-            raise _too_large(source, limit)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-class _Prefixed(io.RawIOBase):
-    """`head` followed by the rest of `handle`: the gzip reader after the magic sniff."""
-
-    def __init__(self, head: bytes, handle: IO[bytes]):
-        self._head, self._handle = head, handle
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        if self._head:
-            n = min(len(buffer), len(self._head))
-            buffer[:n], self._head = self._head[:n], self._head[n:]
-            return n
-        data = self._handle.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-
-def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
-    """-> (compact events, deviceProperties). ValueError naming the source if it is not a
-    Chrome trace with events."""
+def _parse_trace(path_or_fileobj: Any) -> tuple[list, int, dict]:
+    """-> (kept events, events read, top-level members: deviceProperties,
+    distributedInfo, ...). The streaming reader first
+    (engine.analysis.trace_reader); what it does not expect is read again by the plain
+    path, whose messages say exactly what is wrong. ValueError naming the source if it is
+    not a Chrome trace with events."""
     source = _source_name(path_or_fileobj)
     try:
-        raw = _read_bytes(path_or_fileobj, source)
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:  # missing, unreadable, corrupt gzip
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ValueError(f"{source}: cannot read trace file: {reason}") from exc
+        handle, owned = open_source(path_or_fileobj)
+        try:
+            kept, count, members = stream_events(handle, source)
+        finally:
+            if owned:
+                handle.close()
+    except _Fallback:
+        return _parse_plain(path_or_fileobj, source)
+    except TraceTooLarge:
+        raise
+    except READ_ERRORS as exc:  # missing, unreadable, corrupt gzip
+        raise _cannot_read(source, exc) from exc
+    if not count:
+        raise _no_events(source)
+    return kept, count, members
+
+
+def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[list, int, dict]:
+    """The whole text through the stdlib decoder (what the streaming reader did not expect:
+    its errors name the defect); bounded by FALLBACK_MAX_MIB, as it holds the text."""
+    limit = min(max_trace_bytes(), FALLBACK_MAX_MIB * 2**20)
+    try:
+        if isinstance(path_or_fileobj, (str, os.PathLike)):
+            with open(path_or_fileobj, "rb") as handle:
+                raw = read_all(handle, source, limit)
+        else:
+            path_or_fileobj.seek(0)
+            raw = read_all(path_or_fileobj, source, limit)
+    except TraceTooLarge:
+        if limit < max_trace_bytes():
+            raise TraceTooLarge(f"{source}: not a Kineto trace the streaming reader follows "
+                                f"(a JSON object with a 'traceEvents' list) and larger than "
+                                f"{FALLBACK_MAX_MIB} MiB, the limit for reading it whole") from None
+        raise too_large(source, limit) from None
+    except READ_ERRORS as exc:
+        raise _cannot_read(source, exc) from exc
     start = raw[:4096].lstrip()[:1]
     if start and start not in b"{[":  # binary or text that is not a JSON document
         raise ValueError(f"{source}: content that is neither gzip nor JSON (it starts with "
                          f"{raw[:8]!r}), so not a profiler trace (.json or .json.gz)")
     try:
-        data = json.loads(raw, object_hook=_compact_event)
+        data = json.loads(raw, object_hook=compact_dict)
     except RecursionError:
         raise ValueError(f"{source}: JSON nested too deeply to be a profiler trace") from None
     except UnicodeDecodeError:
@@ -318,7 +111,7 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
         if not all(event is None or isinstance(event, (tuple, dict)) for event in data):
             raise ValueError(f"{source}: a JSON list that is not a list of trace events "
                              "(objects with 'ph'/'cat'), so not a profiler trace")
-        return _with_events(data, source), []
+        return _kept(data, source), len(data), {}
     if isinstance(data, dict) and "traceEvents" in data and not isinstance(
             data["traceEvents"], list):
         raise ValueError(f"{source}: 'traceEvents' is a {type(data['traceEvents']).__name__}, "
@@ -329,16 +122,19 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, list[dict]]:
                          f"(Chrome trace) file; found: {keys or 'nothing'}. Export one with "
                          "torch.profiler's on_trace_ready=tensorboard_trace_handler or "
                          "prof.export_chrome_trace(path).")
-    properties = data.get("deviceProperties")
-    return _with_events(data["traceEvents"], source), \
-        properties if isinstance(properties, list) else []
+    events = data.pop("traceEvents")
+    return _kept(events, source), len(events), data
 
 
-def _with_events(events: list, source: str) -> list:
+def _kept(events: list, source: str) -> list:
     if not events:
-        raise ValueError(f"{source}: the trace has no events: the profiler recorded nothing "
-                         "(was the schedule's active window reached, and prof.step() called?)")
-    return events
+        raise _no_events(source)
+    return [event for event in events if isinstance(event, tuple)]
+
+
+def _no_events(source: str) -> ValueError:
+    return ValueError(f"{source}: the trace has no events: the profiler recorded nothing "
+                      "(was the schedule's active window reached, and prof.step() called?)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -476,6 +272,8 @@ class ParsedTrace:
     cpu_ops: list = field(default_factory=list)     # _CpuOp
     launches: list = field(default_factory=list)    # _Launch
     defects: dict = field(default_factory=dict)     # {"negative_duration": n, ...}
+    # the job's rank and world size when the trace says them (Kineto's distributedInfo)
+    distributed: dict = field(default_factory=dict)
 
     @property
     def is_gpu(self) -> bool:
@@ -485,8 +283,11 @@ class ParsedTrace:
 def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     """Parse a trace once. Raises ValueError naming the file when it cannot be read or is
     not a profiler trace."""
-    events, properties = _parse_trace(path_or_fileobj)
+    events, event_count, members = _parse_trace(path_or_fileobj)
     source = _source_name(path_or_fileobj)
+    properties = members.get("deviceProperties")
+    properties = properties if isinstance(properties, list) else []
+    distributed = members.get("distributedInfo")
     kernels: list[_Kernel] = []
     launches: dict[Any, _Launch] = {}
     all_launches: list[_Launch] = []
@@ -515,7 +316,7 @@ def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
         elif kind is _BadDuration:
             defects[f"{event[1]}_duration"] += 1
     if not (kernels or all_launches or ops or copies or spans):
-        raise ValueError(f"{source}: {len(events):,} event(s), none of "
+        raise ValueError(f"{source}: {event_count:,} event(s), none of "
                          "them a profiler event (kernel, CPU op, runtime call, memcpy/memset, "
                          "annotation), so not a PyTorch profiler trace")
     del events
@@ -529,7 +330,20 @@ def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
                        bad_duration_events=defects["negative_duration"]
                        + defects["missing_duration"])
     return ParsedTrace(source=source, table=table, copies=copies, spans=spans, cpu_ops=ops,
-                       launches=all_launches, defects=defects)
+                       launches=all_launches, defects=defects,
+                       distributed=_distributed(distributed))
+
+
+def _distributed(info: Any) -> dict:
+    """{"rank", "world_size", "backend"} of distributedInfo, the ones that are sane."""
+    if not isinstance(info, dict):
+        return {}
+    kept = {key: info[key] for key in ("rank", "world_size")
+            if isinstance(info.get(key), int) and not isinstance(info[key], bool)
+            and 0 <= info[key] < 1_000_000}
+    if isinstance(info.get("backend"), str):
+        kept["backend"] = info["backend"][:40]
+    return kept
 
 
 def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.DataFrame:

@@ -31,11 +31,19 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                     "what bounds the step. With two traces and --diff: the step of B against A, "
                     "part by part.")
     kernels.add_argument("trace", metavar="TRACE",
-                         help="trace file (.json or .json.gz), or a run id (its profiler window)")
+                         help="trace file (.json or .json.gz), a run id (its profiler window), "
+                              "or a folder or zip of one job's rank traces (a trace set)")
     kernels.add_argument("trace_b", metavar="TRACE_B", nargs="?",
-                         help="a second trace or run id, compared with the first (needs --diff)")
+                         help="a second trace or run id, compared with the first (needs --diff)"
+                              ", or the next rank's trace (with --set)")
+    kernels.add_argument("more", metavar="TRACE_N", nargs="*",
+                         help="more rank traces of the same job (a trace set)")
     kernels.add_argument("--diff", action="store_true",
                          help="explain TRACE_B's step time against TRACE's")
+    kernels.add_argument("--set", action="store_true", dest="trace_set",
+                         help="read the traces as the ranks of one job: a per-rank table, the "
+                              "slowest rank, communication waiting for other ranks (implied by "
+                              "a folder, a zip or three traces or more)")
     kernels.add_argument("--step", type=typed(int, "--step"), default=None, metavar="N",
                          help="account one profiler step (ProfilerStep#N) only")
     kernels.add_argument("--json", action="store_true", help="print one JSON object")
@@ -65,6 +73,8 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
     if usage:
         stderr.write(f"error: {usage}\n")
         return EXIT_USAGE
+    if _is_set(args):
+        return _cmd_trace_set(args, stdout, stderr)
     try:
         targets = [_target(args.trace)] + ([_target(args.trace_b)] if args.diff else [])
         if args.diff and all(run is not None for _path, run, _store in targets) \
@@ -121,13 +131,41 @@ def _target(text: str) -> tuple[str, object, object]:
     return str(path), run, store
 
 
+def _set_paths(args: argparse.Namespace) -> list[str]:
+    return [args.trace] + ([args.trace_b] if getattr(args, "trace_b", None) else []) + \
+        list(getattr(args, "more", None) or [])
+
+
+def _is_set(args: argparse.Namespace) -> bool:
+    """A trace set: --set, three traces or more, or a folder or zip as TRACE."""
+    from pathlib import Path
+
+    first = Path(args.trace)
+    return bool(getattr(args, "trace_set", False) or getattr(args, "more", None)
+                or first.is_dir() or args.trace.lower().endswith(".zip"))
+
+
+def _set_usage_problem(args: argparse.Namespace) -> str | None:
+    if getattr(args, "diff", False):
+        return ("--diff compares two traces, not a trace set; pass two traces with --diff, "
+                "or the ranks of one job without it")
+    if getattr(args, "step", None) is not None:
+        return (f"--step {args.step}: a trace set is read over each rank's whole window; "
+                "leave --step out, or pass one rank's trace with it")
+    return None
+
+
 def _usage_problem(args: argparse.Namespace) -> str | None:
     trace_b = getattr(args, "trace_b", None)
-    for name, text in (("TRACE", args.trace), ("TRACE_B", trace_b)):
+    named = [("TRACE", args.trace), ("TRACE_B", trace_b)] + [
+        ("TRACE_N", text) for text in getattr(args, "more", None) or []]
+    for name, text in named:
         problem = path_problem(text) if text is not None else None
         if problem:
             return (f"{name} {shown(text)}: {problem}; give a trace file (.json or .json.gz) "
                     "or a run id")
+    if _is_set(args):
+        return _set_usage_problem(args)
     if getattr(args, "diff", False) and not trace_b:
         return (f"--diff needs two traces, got one ({shown(args.trace)}); give A and B: "
                 "python -m engine kernels A.json.gz B.json.gz --diff")
@@ -138,6 +176,45 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if step is not None and step < 0:
         return f"--step {step}: expected a profiler step number (0 or more, e.g. --step 5)"
     return None
+
+
+def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    from pathlib import Path
+
+    # late: trace_sets reads traces (pandas); only a trace set needs it
+    from engine.analysis.trace_sets import analyze_set, set_members
+
+    try:
+        result = analyze_set(set_members([Path(text) for text in _set_paths(args)]))
+    except ValueError as exc:  # names the file or folder
+        stderr.write(f"error: {_one_line(str(exc))}\n")
+        return EXIT_USAGE
+    if args.json:
+        stdout.write(json.dumps({"trace_set": result}) + "\n")
+    else:
+        stdout.write(format_trace_set(result))
+    return EXIT_OK
+
+
+def format_trace_set(result: dict) -> str:
+    """The per-rank table as plain text, the sentence first."""
+    lines = [result["sentence"], f"(rank from {result['rank_from']})", "",
+             f"{'rank':>5}  {'trace':<28}{'steps':>6}{'step_ms':>10}{'busy_ms':>10}"
+             f"{'idle_step':>10}{'idle_gpu':>9}{'comm_ms':>10}{'exposed_ms':>11}{'wait_ms':>9}"]
+    for row in result["ranks"]:
+        lines.append(
+            f"{row['rank']:>5}  {_clip(row['source'], 27):<28}{row['step_count']:>6}"
+            f"{_ms(row['step_time_us']):>10}{_ms(row['busy_us']):>10}"
+            f"{_pct(row['idle_share']):>10}{_pct(row['idle_in_gpu_span_share']):>9}"
+            f"{_ms(row['communication_us']):>10}{_ms(row['exposed_communication_us']):>11}"
+            f"{_ms(row['waiting_us']) if row.get('waiting_us') is not None else 'n/a':>9}")
+    lines += ["", "idle_step: idle within the CPU-side steps; idle_gpu: idle over the GPU's own "
+              "span (first to last kernel, as HolisticTraceAnalysis reports it); wait_ms: "
+              "communication kernel time beyond the shortest rank's for the same collective "
+              "(waiting for the other ranks)"]
+    if result.get("collectives_note"):
+        lines.append(result["collectives_note"])
+    return "\n".join(lines) + "\n"
 
 
 def _one_line(text: str) -> str:

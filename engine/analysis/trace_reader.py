@@ -1,0 +1,625 @@
+"""Trace file -> the few events the analysis keeps, read as a stream.
+
+A Kineto trace is one JSON object whose "traceEvents" list holds every event; real ones are
+0.5-2 GB of text, most of it python_function and flow events the analysis never reads. The
+reader never holds the text: it decompresses in chunks, cuts the event list at event
+boundaries and decodes each piece with msgspec into structs of only the fields the analysis
+reads (unknown fields are skipped inside msgspec's C decoder, no dict is built for them).
+What is kept is a small tuple per kernel / launch / CPU op / copy / span, so memory follows
+the events kept, not the text. Why msgspec: docs/architecture.md#trace-reading.
+
+Bounds, each named in its refusal: the events kept (PRECISION_LAB_MAX_TRACE_EVENTS), one
+event's text (MAX_EVENT_MIB: a 2 GiB string or a bomb of spaces stops there) and the
+decompressed text read (PRECISION_LAB_MAX_TRACE_MIB: the time a gzip bomb of dropped events
+could take).
+
+Anything the fast path does not expect (a value of the wrong shape, a document that is not
+a Kineto object) is read again by the plain json path below, which gives the precise
+error messages, under the smaller FALLBACK_MAX_MIB bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import gzip
+import io
+import json
+import math
+import os
+import re
+import zlib
+from typing import IO, Any
+
+import msgspec
+
+KERNEL_EVENT_CATEGORIES = frozenset({"kernel", "Kernel"})
+# Copy-engine transfers and fills: a GPU activity of their own, not kernels (old schema:
+# "Memcpy"/"Memset"). Kineto records bytes in args; the direction is in the name.
+COPY_EVENT_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
+LAUNCH_EVENT_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
+CPU_OP_EVENT_CATEGORIES = frozenset({"cpu_op", "Operator"})
+# record_function spans on the CPU side: profiler steps, the DataLoader, the optimizer.
+ANNOTATION_EVENT_CATEGORIES = frozenset({"user_annotation"})
+KEPT_CATEGORIES = (KERNEL_EVENT_CATEGORIES | COPY_EVENT_CATEGORIES | LAUNCH_EVENT_CATEGORIES
+                   | CPU_OP_EVENT_CATEGORIES | ANNOTATION_EVENT_CATEGORIES)
+SPAN_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#",
+                 "Optimizer.zero_grad#")
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+# ---------------------------------------------------------------------------------------
+# what is kept of an event
+
+class _Kernel(tuple):
+    """(name, ts_us, dur_us, pid, tid, correlation, external_id, stream, device)"""
+
+
+class _Launch(tuple):
+    """(correlation, external_id, ts_us, pid, tid, name, dur_us)"""
+
+
+class _CpuOp(tuple):
+    """(name, ts_us, end_us, pid, tid, external_id)"""
+
+
+class _Copy(tuple):
+    """(name, ts_us, dur_us, stream, device, bytes, kind, correlation) of a copy-engine
+    event; kind is "memcpy" or "memset"; correlation pairs it with its runtime call."""
+
+
+class _Span(tuple):
+    """(name, ts_us, end_us, pid, tid) of a record_function span (ProfilerStep#N, ...)."""
+
+
+class _BadDuration(tuple):
+    """(kind, "negative" | "missing"): a GPU activity or CPU op whose duration or start
+    is missing, not a number or negative: a defect of the trace, left out of every sum."""
+
+
+class _Malformed(tuple):
+    """A kernel / launch / CPU-op event whose fields have the wrong shape (a name that is
+    not text, an id that is a list or an object): counted and left out of every sum."""
+
+
+_SCALAR = (int, float, str, type(None))
+
+
+def _scalars(*values: Any) -> bool:
+    return all(isinstance(value, _SCALAR) and not isinstance(value, bool) for value in values)
+
+
+# Past this a time is a defect, not a time: 1e17 us is ~3,000 years (a Kineto timestamp
+# is us since the epoch, ~1.8e15 today). A 1e308 ts would make every window absurd.
+MAX_TIME_US = 1e17
+
+
+def _time(value: Any) -> float | None:
+    """A timestamp or duration in us, kept fractional (Kineto writes ns precision as
+    fractional us; rounding them shifts short kernels by up to 18 %); None when missing,
+    not a number, not finite, or beyond MAX_TIME_US."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and abs(number) <= MAX_TIME_US else None
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_of_tid(tid: str) -> str | None:
+    match = re.search(r"\d+", tid)
+    return match.group() if match else None
+
+
+def _stream(stream: Any, tid: Any) -> int | None:
+    """args.stream, else the old schema's tid "stream 7"."""
+    if stream is None and isinstance(tid, str):
+        stream = _stream_of_tid(tid)  # a trace has a handful of tids and 300k kernels
+    try:
+        return int(stream) if stream is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _timed(kind: str, ts: Any, dur: Any) -> tuple[float, float] | _BadDuration:
+    ts_us, dur_us = _time(ts), _time(dur)
+    if ts_us is None or dur_us is None or dur_us < 0:
+        return _BadDuration((kind, "negative" if dur_us is not None and dur_us < 0
+                             else "missing"))
+    return ts_us, dur_us
+
+
+def compact(category: str, name: Any, ts: Any, dur: Any, pid: Any, tid: Any,
+            correlation: Any, external: Any, device: Any, stream: Any, size: Any) -> Any:
+    """The tuple kept of one event of a kept category (None: not one the analysis reads).
+    An event of ours with fields of the wrong shape becomes a _Malformed marker, one with
+    a bad time a _BadDuration, instead of a crash later."""
+    if category in KERNEL_EVENT_CATEGORIES:
+        name = name or ""
+        if not isinstance(name, str) or not _scalars(pid, tid, correlation, external, device):
+            return _Malformed(("kernel",))
+        timed = _timed("kernel", ts, dur)
+        if type(timed) is _BadDuration:
+            return timed
+        return _Kernel((name, timed[0], timed[1], pid, tid, correlation, external,
+                        _stream(stream, tid), device))
+    if category in COPY_EVENT_CATEGORIES:
+        name = name or ""
+        if not isinstance(name, str) or not _scalars(pid, tid, device, size):
+            return _Malformed(("copy",))
+        timed = _timed("copy", ts, dur)
+        if type(timed) is _BadDuration:
+            return timed
+        kind = "memset" if "memset" in category.lower() else "memcpy"
+        size = _time(size)
+        return _Copy((name, timed[0], timed[1], _stream(stream, tid), device,
+                      int(size) if size is not None and size >= 0 else None, kind,
+                      correlation if _scalars(correlation) else None))
+    if category in ANNOTATION_EVENT_CATEGORIES:
+        if not isinstance(name, str) or not name.startswith(SPAN_PREFIXES):
+            return None
+        timed = _timed("annotation", ts, dur)
+        if type(timed) is _BadDuration:
+            return timed
+        return _Span((name, timed[0], timed[0] + timed[1], pid, tid))
+    if category in LAUNCH_EVENT_CATEGORIES:
+        if not _scalars(correlation, external, pid, tid):
+            return _Malformed(("launch",))
+        dur_us = _time(dur)
+        return _Launch((correlation, external, _number(ts), pid, tid,
+                        name if isinstance(name, str) else "",
+                        dur_us if dur_us is not None and dur_us >= 0 else 0.0))
+    if category in CPU_OP_EVENT_CATEGORIES:
+        name = name or ""
+        if not isinstance(name, str) or not _scalars(external, pid, tid):
+            return _Malformed(("cpu op",))
+        timed = _timed("cpu op", ts, dur)
+        if type(timed) is _BadDuration:
+            return timed
+        return _CpuOp((name, timed[0], timed[0] + timed[1], pid, tid, external))
+    return None
+
+
+def _arg(args: dict, *keys: str) -> Any:
+    for key in keys:
+        if key in args:
+            return args[key]
+    return None
+
+
+def compact_dict(obj: dict) -> Any:
+    """json object_hook for the plain path: an event -> its kept tuple (or None), any other
+    object (an args dict, a deviceProperties entry, the top level) unchanged."""
+    if "ph" not in obj and "cat" not in obj:
+        return obj
+    category = obj.get("cat")
+    if not isinstance(category, str) or category not in KEPT_CATEGORIES:
+        return None
+    args = obj.get("args")
+    args = args if isinstance(args, dict) else {}
+    return compact(category, obj.get("name"), obj.get("ts"), obj.get("dur"), obj.get("pid"),
+                   obj.get("tid"), _arg(args, "correlation"),
+                   _arg(args, "External id", "external id"), _arg(args, "device"),
+                   args.get("stream"), args.get("bytes"))
+
+
+# ---------------------------------------------------------------------------------------
+# the typed fast path
+
+# Field types the fast path accepts; a value of another type (a name that is a list, a ts
+# written as text) fails the piece's typed decode, and that piece is judged field by field
+# by compact_dict instead. gc=False: the structs hold no cycles, so the collector need not
+# track millions of them (it was half the decode time).
+class _Args(msgspec.Struct, gc=False):
+    correlation: int | str | None = None
+    external_id: int | str | None = msgspec.field(default=None, name="External id")
+    external_id_lower: int | str | None = msgspec.field(default=None, name="external id")
+    device: int | str | None = None
+    stream: int | str | None = None
+    size: int | float | None = msgspec.field(default=None, name="bytes")
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: str | None = None
+    name: str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _Args | None = None
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_NO_ARGS = _Args()
+
+
+class _Fallback(Exception):
+    """The fast path met something it does not read: the plain path reads it instead."""
+
+
+def _ok_time(value: float | None) -> bool:
+    return value is not None and -MAX_TIME_US <= value <= MAX_TIME_US  # NaN fails both
+
+
+def _kept_from_structs(events: list[_Event], names: dict) -> list:
+    """compact() for typed events, whose field types msgspec has checked: the same tuples
+    (tests compare both paths on every fixture), without the per-field type checks."""
+    kept = []
+    append = kept.append
+    for event in events:
+        category = event.cat
+        if category not in KEPT_CATEGORIES:
+            continue
+        args = event.args or _NO_ARGS
+        name, ts, dur = event.name, event.ts, event.dur
+        if category in LAUNCH_EVENT_CATEGORIES:
+            external = args.external_id if args.external_id is not None \
+                else args.external_id_lower
+            append(_Launch((args.correlation, external, ts if ts is not None else 0.0,
+                            event.pid, event.tid, names.setdefault(name, name) if name else "",
+                            dur if _ok_time(dur) and dur >= 0 else 0.0)))
+            continue
+        if category in ANNOTATION_EVENT_CATEGORIES and not (
+                name is not None and name.startswith(SPAN_PREFIXES)):
+            continue
+        # _ok_time inlined: this line runs for every kept event
+        if ts is None or dur is None or not (-MAX_TIME_US <= ts <= MAX_TIME_US
+                                             and 0.0 <= dur <= MAX_TIME_US):
+            kind = "annotation" if category in ANNOTATION_EVENT_CATEGORIES else (
+                "kernel" if category in KERNEL_EVENT_CATEGORIES else
+                "copy" if category in COPY_EVENT_CATEGORIES else "cpu op")
+            append(_BadDuration((kind, "negative" if _ok_time(dur) and dur < 0
+                                 else "missing")))
+            continue
+        name = names.setdefault(name, name) if name else ""
+        if category in KERNEL_EVENT_CATEGORIES:
+            external = args.external_id if args.external_id is not None \
+                else args.external_id_lower
+            append(_Kernel((name, ts, dur, event.pid, event.tid, args.correlation, external,
+                            _stream(args.stream, event.tid), args.device)))
+        elif category in CPU_OP_EVENT_CATEGORIES:
+            external = args.external_id if args.external_id is not None \
+                else args.external_id_lower
+            append(_CpuOp((name, ts, ts + dur, event.pid, event.tid, external)))
+        elif category in COPY_EVENT_CATEGORIES:
+            size = args.size
+            kind = "memset" if "memset" in category.lower() else "memcpy"
+            append(_Copy((name, ts, dur, _stream(args.stream, event.tid), args.device,
+                          int(size) if _ok_time(size) and size >= 0 else None, kind,
+                          args.correlation)))
+        else:
+            append(_Span((name, ts, ts + dur, event.pid, event.tid)))
+    return kept
+
+
+# ---------------------------------------------------------------------------------------
+# bounds
+
+MAX_TRACE_ENV = "PRECISION_LAB_MAX_TRACE_MIB"
+MAX_EVENTS_ENV = "PRECISION_LAB_MAX_TRACE_EVENTS"
+# Decompressed text read at most: a bound on time (the reader keeps only what the analysis
+# uses, so memory does not follow the text). 16 GiB is ~2 minutes of reading here.
+DEFAULT_MAX_TRACE_MIB = 16384
+# Events kept at most: the memory bound (~250 bytes each kept; 1 GiB of a V100 ResNet-50
+# trace keeps 1.4 M). A bomb of valid kernel events stops here.
+DEFAULT_MAX_TRACE_EVENTS = 4_000_000
+# One event's text: the largest real ones are a few kB (a CPU op with its input shapes).
+MAX_EVENT_MIB = 64
+# The plain path holds the whole text: it reads only what the fast path could not.
+FALLBACK_MAX_MIB = 512
+_CHUNK = 16 << 20
+
+
+class TraceTooLarge(ValueError):
+    """The trace is larger than a configured limit (text read, events kept, one event)."""
+
+
+def _env_positive_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "")
+    try:
+        value = int(text) if text.strip() else default
+    except ValueError:
+        value = default
+    return max(1, value)
+
+
+def max_trace_bytes() -> int:
+    return _env_positive_int(MAX_TRACE_ENV, DEFAULT_MAX_TRACE_MIB) * 2**20
+
+
+def max_trace_events() -> int:
+    return _env_positive_int(MAX_EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS)
+
+
+def too_large(source: str, limit: int) -> TraceTooLarge:
+    return TraceTooLarge(f"{source}: larger than {limit // 2**20} MiB decompressed, the limit "
+                         f"for a trace; set {MAX_TRACE_ENV} to raise it")
+
+
+# ---------------------------------------------------------------------------------------
+# bytes in
+
+class _Prefixed(io.RawIOBase):
+    """`head` followed by the rest of `handle`: the gzip reader after the magic sniff."""
+
+    def __init__(self, head: bytes, handle: IO[bytes]):
+        self._head, self._handle = head, handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._handle.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+class _Text:
+    """Decompressed bytes of a trace, chunk by chunk, refused past the text bound."""
+
+    def __init__(self, handle: IO[bytes], source: str, limit: int):
+        head = handle.read(2)
+        if isinstance(head, str):  # a text stream
+            head, handle = head.encode(), io.BytesIO(handle.read().encode())
+        if head == _GZIP_MAGIC:
+            self._reader, self._pending = gzip.GzipFile(fileobj=_Prefixed(head, handle)), b""
+        else:
+            self._reader, self._pending = handle, head
+        self.source, self.limit, self.total, self.eof = source, limit, 0, False
+
+    def read(self) -> bytes:
+        chunk = self._pending + self._reader.read(_CHUNK)
+        self._pending = b""
+        if not chunk:
+            self.eof = True
+            return b""
+        self.total += len(chunk)
+        if self.total > self.limit:  # stop reading: a bomb never expands past the limit
+            raise too_large(self.source, self.limit)
+        return chunk
+
+
+def read_all(handle: IO[bytes], source: str, limit: int) -> bytes:
+    """The whole decompressed text (the plain path), refused past `limit`."""
+    text, parts = _Text(handle, source, limit), []
+    while chunk := text.read():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# the stream
+
+_WHITESPACE = b" \t\r\n"
+_MEMBER_DECODER = json.JSONDecoder()
+_EVENT_DECODER = json.JSONDecoder(object_hook=compact_dict)
+
+
+def _skip(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\r\n":
+        index += 1
+    return index
+
+
+def _members(text: str, index: int, stop_at_events: bool) -> tuple[dict, int]:
+    """Walk an object's members from `index` (just after "{" or ","): -> (members, index
+    of the events list's "[" or of the closing "}"). ValueError when the text ends inside
+    a value (read more) or is not an object."""
+    members: dict = {}
+    while True:
+        index = _skip(text, index)
+        if index < len(text) and text[index] == "}":
+            return members, index
+        key, index = _MEMBER_DECODER.raw_decode(text, index)
+        index = _skip(text, index)
+        if not isinstance(key, str) or text[index:index + 1] != ":":
+            raise _Fallback
+        index = _skip(text, index + 1)
+        if stop_at_events and key == "traceEvents":
+            if text[index:index + 1] != "[":
+                raise _Fallback  # not a list: the plain path says what it is
+            return members, index
+        members[key], index = _MEMBER_DECODER.raw_decode(text, index)
+        index = _skip(text, index)
+        if text[index:index + 1] == ",":
+            index += 1
+        elif text[index:index + 1] == "}":
+            return members, index
+        else:
+            raise ValueError("incomplete")
+
+
+def _last_boundary(buffer: bytes, before: int) -> int:
+    """Index just past the last "}" before `before` that is followed by "," and then "{"
+    (the end of an event that has another after it), or -1."""
+    end = before
+    while True:
+        close = buffer.rfind(b"}", 0, end)
+        if close < 0:
+            return -1
+        after = close + 1
+        while after < len(buffer) and buffer[after] in _WHITESPACE:
+            after += 1
+        if buffer[after:after + 1] == b",":
+            after += 1
+            while after < len(buffer) and buffer[after] in _WHITESPACE:
+                after += 1
+            if buffer[after:after + 1] == b"{":
+                return close + 1
+        end = close
+
+
+def _decode_piece(piece: bytes, names: dict) -> tuple[list, int]:
+    """Events of one piece "{...}, ..., {...}" -> (kept tuples, events in it)."""
+    try:
+        events = _EVENTS.decode(b"[" + piece + b"]")
+    except msgspec.ValidationError:
+        try:  # a field of an odd shape: decode as plain objects and judge each
+            objects = msgspec.json.decode(b"[" + piece + b"]")
+        except msgspec.DecodeError:
+            raise _Fallback from None
+        if not all(isinstance(obj, dict) for obj in objects):
+            raise _Fallback from None
+        return [item for item in map(compact_dict, objects)
+                if item is not None and not isinstance(item, dict)], len(objects)
+    return _kept_from_structs(events, names), len(events)
+
+
+class _Reading:
+    def __init__(self, text: _Text, max_events: int):
+        self.text, self.max_events = text, max_events
+        self.kept: list = []
+        self.event_count = 0
+        self.names: dict = {}
+
+    def add(self, items: list, count: int) -> None:
+        self.kept.extend(items)
+        self.event_count += count
+        if len(self.kept) > self.max_events:
+            raise TraceTooLarge(
+                f"{self.text.source}: more than {self.max_events:,} kernel, launch and CPU-op "
+                f"events, the limit kept from a trace; set {MAX_EVENTS_ENV} to raise it "
+                "(about 250 bytes of memory each) or profile fewer steps")
+
+
+def _head(text: _Text) -> tuple[bytes, dict | None]:
+    """-> (bytes after the events list's "[", top-level members before it; None for the
+    JSON-array format, whose file is the event list)."""
+    buffer = b""
+    while True:
+        chunk = text.read()
+        buffer += chunk
+        start = buffer.lstrip()[:1]
+        if start == b"[":
+            return buffer.lstrip()[1:], None
+        if start != b"{":
+            raise _Fallback
+        decoded = buffer.decode("utf-8", "ignore")  # a cut multi-byte character is re-read
+        try:
+            members, index = _members(decoded, decoded.index("{") + 1, stop_at_events=True)
+        except ValueError:
+            if text.eof or len(buffer) > MAX_EVENT_MIB * 2**20:
+                raise _Fallback from None
+            continue
+        if decoded[index] != "[":
+            raise _Fallback  # no events list
+        return buffer[len(decoded[:index + 1].encode()):], members
+
+
+def _tail(reading: _Reading, buffer: bytes, is_object: bool) -> dict:
+    """The last events (plain decoder, one at a time: they end where the list ends) and the
+    members after the list."""
+    try:
+        decoded = buffer.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Fallback from None
+    index, items, count = _skip(decoded, 0), [], 0
+    try:
+        while decoded[index:index + 1] != "]":
+            item, index = _EVENT_DECODER.raw_decode(decoded, index)
+            count += 1
+            if isinstance(item, tuple):
+                items.append(item)
+            elif not (item is None or isinstance(item, dict)):
+                raise _Fallback
+            index = _skip(decoded, index)
+            if decoded[index:index + 1] == ",":
+                index = _skip(decoded, index + 1)
+            elif decoded[index:index + 1] != "]":
+                raise _Fallback
+        reading.add(items, count)
+        index = _skip(decoded, index + 1)
+        if not is_object:
+            if index != len(decoded):
+                raise _Fallback
+            return {}
+        if decoded[index:index + 1] == ",":
+            index += 1
+        members, index = _members(decoded, index, stop_at_events=False)
+    except (ValueError, IndexError, RecursionError):
+        raise _Fallback from None
+    if _skip(decoded, index + 1) != len(decoded):
+        raise _Fallback
+    return members
+
+
+# At the end the last events are read by the plain decoder: past this point of the last
+# buffer a "},{" may be inside the members after the list (deviceProperties), not events.
+_TAIL_GUARD = 1 << 20
+
+
+def stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
+    """-> (kept event tuples, events read, top-level members other than traceEvents).
+    Raises _Fallback for what the plain path should read, TraceTooLarge past a bound."""
+    # The collector off while millions of short-lived objects are made: its passes over
+    # them took as long as the decoding (nothing made here holds a cycle). Restored after.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _stream_events(handle, source)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
+    text = _Text(handle, source, max_trace_bytes())
+    reading = _Reading(text, max_trace_events())
+    buffer, head = _head(text)
+    max_event_bytes = MAX_EVENT_MIB * 2**20
+    while True:
+        if not text.eof and len(buffer) < _CHUNK:
+            buffer += text.read()
+            continue
+        limit = len(buffer) if not text.eof else len(buffer) - _TAIL_GUARD
+        cut = _last_boundary(buffer, limit) if limit > 0 else -1
+        if cut < 0:
+            if text.eof:
+                break
+            if len(buffer) > max_event_bytes:
+                raise TraceTooLarge(f"{source}: an event (or text between events) longer than "
+                                    f"{MAX_EVENT_MIB} MiB, so not a profiler trace event")
+            buffer += text.read()
+            continue
+        try:
+            reading.add(*_decode_piece(buffer[:cut], reading.names))
+        except RecursionError:
+            raise _Fallback from None
+        except msgspec.DecodeError:
+            # a "},{" inside a string or inside the members after the list: the plain path
+            # is exact; it is read at the end with the rest when the file ends here
+            if text.eof:
+                break
+            buffer += text.read()
+            if len(buffer) > max_event_bytes * 2:
+                raise _Fallback from None
+            continue
+        buffer = buffer[cut:].lstrip(_WHITESPACE)[1:]  # past the comma
+    members = _tail(reading, buffer, head is not None)
+    if head is not None:
+        members = {**head, **members}
+    return reading.kept, reading.event_count, members
+
+
+def open_source(path_or_fileobj: Any) -> tuple[IO[bytes], bool]:
+    """-> (binary handle, whether we opened it and must close it)."""
+    if isinstance(path_or_fileobj, (str, os.PathLike)):
+        return open(path_or_fileobj, "rb"), True
+    return path_or_fileobj, False
+
+
+READ_ERRORS = (OSError, EOFError, zlib.error, gzip.BadGzipFile)

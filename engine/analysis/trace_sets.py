@@ -1,0 +1,274 @@
+"""A set of traces from one job, one per rank: the per-rank table, the slowest rank, and
+the communication time that was waiting for the other ranks.
+
+Input: a folder of rank traces, several files, or a zip of them. Each trace is analysed
+alone (engine.analysis.accounting); across ranks this module adds:
+- the rank of each trace: Kineto's distributedInfo.rank, else a number in the file name
+  ("rank-3.json.gz", "worker3"), else the order given;
+- the slowest rank by step time, and by how much it is above the median rank;
+- waiting in collectives: a collective ends on every rank together, so the i-th
+  communication kernel of a rank running longer than the shortest rank's i-th is time that
+  rank spent waiting for the others (the straggler is the rank that waits least). The
+  kernels are matched by order and name; where the ranks' sequences stop agreeing the
+  matching stops, and the result says how many were matched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import zipfile
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from engine.analysis.accounting import time_accounting
+from engine.analysis.trace_parser import ParsedTrace, load_trace
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
+# A job's ranks read one after another; more than this is a mistake, not a job to show.
+MAX_RANKS = 256
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|proc|gpu)[-_ ]?(\d+)", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+def _is_trace_name(name: str) -> bool:
+    base = os.path.basename(name)
+    return not base.startswith(".") and base.lower().endswith(TRACE_SUFFIXES)
+
+
+def set_members(paths: list[Path]) -> list[tuple[str, Any]]:
+    """(label, path or zip member) of every trace in `paths`: folders listed (one level,
+    sorted), zips opened, files as they are. ValueError naming the path when nothing in
+    it is a trace or it holds more than MAX_RANKS."""
+    members: list[tuple[str, Any]] = []
+    for path in paths:
+        if not path.exists():
+            raise ValueError(f"{path}: no such file or folder; give rank traces (.json or "
+                             ".json.gz), a folder of them or a zip")
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+            if not found:
+                raise ValueError(f"{path}: no trace files in this folder (.json or .json.gz)")
+            members += [(p.name, p) for p in found]
+        elif zipfile.is_zipfile(path):
+            members += _zip_members(path)
+        else:
+            members.append((path.name, path))
+    if len(members) > MAX_RANKS:
+        raise ValueError(f"{len(members)} traces: more than {MAX_RANKS}, the most one trace set "
+                         "shows; pass the ranks of one job")
+    return members
+
+
+def _zip_members(path: Path) -> list[tuple[str, Any]]:
+    with zipfile.ZipFile(path) as archive:
+        names = sorted(info.filename for info in archive.infolist()
+                       if not info.is_dir() and _is_trace_name(info.filename))
+    if not names:
+        raise ValueError(f"{path}: a zip with no trace files in it (.json or .json.gz)")
+    return [(os.path.basename(name), _ZipMember(path, name)) for name in names]
+
+
+class _ZipMember:
+    """A trace inside a zip, opened only when read (one rank in memory at a time)."""
+
+    def __init__(self, archive: Path, name: str):
+        self.archive, self.name = archive, name
+
+    def open(self) -> IO[bytes]:
+        return _NamedZipStream(zipfile.ZipFile(self.archive), self.name)
+
+    def __str__(self) -> str:
+        return f"{self.archive}:{self.name}"
+
+
+class _NamedZipStream:
+    """A zip member as a binary stream named "archive.zip:member" (errors name it)."""
+
+    def __init__(self, archive: zipfile.ZipFile, name: str):
+        self._archive = archive
+        self._stream = archive.open(name)
+        self.name = f"{archive.filename}:{name}"
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._stream.seek(offset, whence)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._archive.close()
+
+
+def _load(source: Any) -> ParsedTrace:
+    if isinstance(source, _ZipMember):
+        stream = source.open()
+        try:
+            return load_trace(stream)
+        finally:
+            stream.close()
+    return load_trace(source)
+
+
+# ---------------------------------------------------------------------------------------
+# one rank
+
+def _communication_kernels(trace: ParsedTrace) -> list[tuple[str, float]]:
+    """(name, dur_us) of the communication kernels, in start order."""
+    table = trace.table
+    if table.empty:
+        return []
+    comm = table[table["category"] == "communication"]
+    return list(zip(comm["name"].tolist(), comm["dur_us"].tolist()))
+
+
+def _rank_row(label: str, trace: ParsedTrace) -> dict:
+    accounting = time_accounting(trace)
+    gpu = accounting["kind"] == "gpu"
+    span = accounting.get("gpu_span") or {}
+    communication = accounting.get("communication_us") if gpu else \
+        accounting["parts_us"].get("communication")
+    return {
+        "source": label,
+        "trace_rank": trace.distributed.get("rank"),
+        "world_size": trace.distributed.get("world_size"),
+        "kind": accounting["kind"],
+        "device": trace.table.attrs.get("device"),
+        "step_count": accounting["window"]["step_count"],
+        "step_time_us": accounting["step_time_us"],
+        "busy_us": accounting["busy_us"],
+        "busy_share": accounting["busy_share"],
+        "idle_share": accounting["idle_share"],
+        "idle_in_gpu_span_share": span.get("idle_in_gpu_span_share"),
+        "communication_us": communication,
+        "exposed_communication_us": accounting.get("exposed_communication_us") if gpu
+        else communication,
+        "_comm": _communication_kernels(trace),
+    }
+
+
+def _assign_ranks(rows: list[dict]) -> None:
+    """rank: the trace's own when every trace has a distinct one, else the number in the
+    file name when those are distinct, else the order given; rank_from says which."""
+    def distinct(values: list) -> bool:
+        return None not in values and len(set(values)) == len(values)
+
+    own = [row["trace_rank"] for row in rows]
+    named = []
+    for row in rows:
+        match = _RANK_IN_NAME.search(row["source"]) or _LAST_NUMBER.search(row["source"])
+        named.append(int(match.group(1)) if match else None)
+    if distinct(own):
+        ranks, origin = own, "the trace (distributedInfo)"
+    elif distinct(named):
+        ranks, origin = named, "the file name"
+    else:
+        ranks, origin = list(range(len(rows))), "the order given"
+    for row, rank in zip(rows, ranks):
+        row["rank"], row["rank_from"] = rank, origin
+
+
+# ---------------------------------------------------------------------------------------
+# across ranks
+
+def _waiting(rows: list[dict]) -> dict:
+    """Per rank, the communication time spent waiting for the other ranks (see module
+    doc); how many collectives were matched and why the matching stopped, if it did."""
+    sequences = [row.pop("_comm") for row in rows]
+    if not all(sequences):
+        for row in rows:
+            row["waiting_us"] = None
+        missing = [row["rank"] for row, seq in zip(rows, sequences) if not seq]
+        return {"matched": 0, "reason": "n/a: no communication kernels in the trace of rank "
+                + ", ".join(str(r) for r in missing[:8])}
+    matched = 0
+    waits = [0.0] * len(rows)
+    for index in range(min(len(seq) for seq in sequences)):
+        names = {seq[index][0] for seq in sequences}
+        if len(names) > 1:
+            break  # the ranks ran different collectives here: nothing to line up after it
+        durations = [seq[index][1] for seq in sequences]
+        shortest = min(durations)
+        for rank_index, duration in enumerate(durations):
+            waits[rank_index] += duration - shortest
+        matched += 1
+    counts = sorted({len(seq) for seq in sequences})
+    for row, wait in zip(rows, waits):
+        row["waiting_us"] = round(wait, 3) if matched else None
+        comm = row.get("communication_us")
+        row["waiting_share_of_communication"] = round(wait / comm, 8) if matched and comm else None
+    reason = None
+    if matched < max(counts):
+        reason = (f"{matched} of {max(counts)} collectives matched: the ranks' communication "
+                  "kernels stop agreeing in order and name there" if matched < min(counts)
+                  else f"{matched} collectives matched: the ranks recorded {counts[0]}-"
+                  f"{counts[-1]} communication kernels")
+    return {"matched": matched, "reason": reason}
+
+
+def _slowest(rows: list[dict]) -> dict | None:
+    timed = [row for row in rows if row.get("step_time_us")]
+    if len(timed) < 2:
+        return None
+    slowest = max(timed, key=lambda row: row["step_time_us"])
+    median_us = statistics.median(row["step_time_us"] for row in timed)
+    fastest = min(timed, key=lambda row: row["step_time_us"])
+    return {"rank": slowest["rank"], "step_time_us": slowest["step_time_us"],
+            "median_step_time_us": round(median_us, 3),
+            "above_median_share": round(slowest["step_time_us"] / median_us - 1.0, 8)
+            if median_us else None,
+            "fastest_rank": fastest["rank"], "fastest_step_time_us": fastest["step_time_us"]}
+
+
+def _waited_for(rows: list[dict]) -> dict | None:
+    """The rank the others waited for: the one with the least waiting in collectives."""
+    waited = [row for row in rows if row.get("waiting_us") is not None]
+    if len(waited) < 2:
+        return None
+    least = min(waited, key=lambda row: row["waiting_us"])
+    others = [row["waiting_us"] for row in waited if row is not least]
+    return {"rank": least["rank"], "waiting_us": least["waiting_us"],
+            "others_median_waiting_us": round(statistics.median(others), 3)}
+
+
+def set_sentence(result: dict) -> str:
+    """One line: how many ranks, the slowest and by how much, who the others waited for."""
+    parts = [f"{result['rank_count']} rank traces"]
+    slowest = result.get("slowest")
+    if slowest:
+        parts.append(f"slowest rank {slowest['rank']}: {slowest['step_time_us'] / 1000:.2f} ms "
+                     f"per step, {slowest['above_median_share'] * 100:.1f} % above the median "
+                     f"rank ({slowest['median_step_time_us'] / 1000:.2f} ms)")
+    waited = result.get("waited_for")
+    if waited:
+        parts.append(f"rank {waited['rank']} waited least in collectives "
+                     f"({waited['waiting_us'] / 1000:.2f} ms, the others' median "
+                     f"{waited['others_median_waiting_us'] / 1000:.2f} ms): it arrives last, "
+                     "the others wait for it")
+    return "; ".join(parts)
+
+
+def iter_ranks(members: list[tuple[str, Any]]) -> Iterator[dict]:
+    for label, source in members:
+        yield _rank_row(label, _load(source))
+
+
+def analyze_set(members: list[tuple[str, Any]]) -> dict:
+    """The trace-set view of `members` ((label, path or stream) per rank trace; see
+    set_members). ValueError for fewer than two traces or one that cannot be read (the
+    message names the file)."""
+    if len(members) < 2:
+        raise ValueError(f"a trace set needs the traces of two or more ranks; got "
+                         f"{len(members)}")
+    rows = list(iter_ranks(members))
+    _assign_ranks(rows)
+    rows.sort(key=lambda row: row["rank"])
+    waiting = _waiting(rows)
+    result = {"kind": "trace_set", "rank_count": len(rows), "ranks": rows,
+              "rank_from": rows[0]["rank_from"], "collectives_matched": waiting["matched"],
+              "collectives_note": waiting["reason"], "slowest": _slowest(rows),
+              "waited_for": _waited_for(rows)}
+    result["sentence"] = set_sentence(result)
+    return result
