@@ -372,25 +372,80 @@ class _Text:
     """Decompressed bytes of a trace, chunk by chunk, refused past the text bound."""
 
     def __init__(self, handle: IO[bytes], source: str, limit: int):
+        start = handle.tell() if _seekable(handle) else None
         head = handle.read(2)
         if isinstance(head, str):  # a text stream
-            head, handle = head.encode(), io.BytesIO(handle.read().encode())
-        if head == _GZIP_MAGIC:
-            self._reader, self._pending = gzip.GzipFile(fileobj=_Prefixed(head, handle)), b""
+            head, handle, start = head.encode(), io.BytesIO(handle.read().encode()), None
+        if start is not None:  # read from the start again: no prefix to splice in
+            handle.seek(start)
+            source_handle = handle
         else:
-            self._reader, self._pending = handle, head
+            source_handle = _Prefixed(head, handle)
+        self._reader = gzip.GzipFile(fileobj=source_handle) if head == _GZIP_MAGIC \
+            else source_handle
         self.source, self.limit, self.total, self.eof = source, limit, 0, False
 
-    def read(self) -> bytes:
-        chunk = self._pending + self._reader.read(_CHUNK)
-        self._pending = b""
-        if not chunk:
+    def _count(self, size: int) -> int:
+        if not size:
             self.eof = True
-            return b""
-        self.total += len(chunk)
+        self.total += size
         if self.total > self.limit:  # stop reading: a bomb never expands past the limit
             raise too_large(self.source, self.limit)
+        return size
+
+    def read(self) -> bytes:
+        chunk = self._reader.read(_CHUNK)
+        self._count(len(chunk))
         return chunk
+
+    def readinto(self, view: memoryview) -> int:
+        """Up to len(view) bytes into `view` (no new buffer: see _Window)."""
+        reader = self._reader
+        if hasattr(reader, "readinto"):
+            return self._count(reader.readinto(view) or 0)
+        data = reader.read(len(view))
+        view[:len(data)] = data
+        return self._count(len(data))
+
+
+def _seekable(handle: Any) -> bool:
+    try:
+        return bool(handle.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class _Window:
+    """The reader's one buffer, reused from piece to piece: a fresh 16 MiB allocation per
+    piece cost more in page faults than reading the file (0.8 s against 0.15 s per GiB).
+    data[0] is a placeholder (the "[" or "," before the next event) so that a piece is
+    decoded in place as data[0:cut + 1] with "[" and "]" written at its ends."""
+
+    def __init__(self, initial: bytes):
+        self.data = bytearray(max(2 * _CHUNK, len(initial) + 2 * _CHUNK))
+        self.data[0] = 0x5B
+        self.data[1:1 + len(initial)] = initial
+        self.length = 1 + len(initial)
+
+    def fill(self, text: _Text) -> int:
+        if len(self.data) - self.length < _CHUNK:  # a long event: room for one more chunk
+            self.data.extend(bytes(len(self.data)))
+        with memoryview(self.data) as view:
+            size = text.readinto(view[self.length:self.length + _CHUNK])
+        self.length += size
+        return size
+
+    def keep_from(self, start: int) -> None:
+        """data[start:length] moved to the front (start is the next placeholder)."""
+        rest = self.length - start
+        self.data[0:rest] = self.data[start:self.length]
+        self.length = rest
+
+    def view(self, end: int) -> memoryview:
+        return memoryview(self.data)[:end]
+
+    def bytes(self) -> bytes:
+        return bytes(self.data[:self.length])
 
 
 def read_all(handle: IO[bytes], source: str, limit: int) -> bytes:
@@ -443,33 +498,33 @@ def _members(text: str, index: int, stop_at_events: bool) -> tuple[dict, int]:
             raise ValueError("incomplete")
 
 
-def _last_boundary(buffer: bytes, before: int) -> int:
+def _last_boundary(buffer: bytearray, before: int, length: int) -> int:
     """Index just past the last "}" before `before` that is followed by "," and then "{"
-    (the end of an event that has another after it), or -1."""
+    (the end of an event that has another after it) within buffer[:length], or -1."""
     end = before
     while True:
         close = buffer.rfind(b"}", 0, end)
         if close < 0:
             return -1
         after = close + 1
-        while after < len(buffer) and buffer[after] in _WHITESPACE:
+        while after < length and buffer[after] in _WHITESPACE:
             after += 1
-        if buffer[after:after + 1] == b",":
+        if after < length and buffer[after] == 0x2C:  # ","
             after += 1
-            while after < len(buffer) and buffer[after] in _WHITESPACE:
+            while after < length and buffer[after] in _WHITESPACE:
                 after += 1
-            if buffer[after:after + 1] == b"{":
+            if after < length and buffer[after] == 0x7B:  # "{"
                 return close + 1
         end = close
 
 
-def _decode_piece(piece: bytes, names: dict) -> tuple[list, int]:
-    """Events of one piece "{...}, ..., {...}" -> (kept tuples, events in it)."""
+def _decode_piece(piece: Any, names: dict) -> tuple[list, int]:
+    """Events of one piece "[{...}, ..., {...}]" (bytes-like) -> (kept tuples, events in it)."""
     try:
-        events = _EVENTS.decode(b"[" + piece + b"]")
+        events = _EVENTS.decode(piece)
     except msgspec.ValidationError:
         try:  # a field of an odd shape: decode as plain objects and judge each
-            objects = msgspec.json.decode(b"[" + piece + b"]")
+            objects = msgspec.json.decode(piece)
         except msgspec.DecodeError:
             raise _Fallback from None
         if not all(isinstance(obj, dict) for obj in objects):
@@ -579,37 +634,44 @@ def stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
 def _stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
     text = _Text(handle, source, max_trace_bytes())
     reading = _Reading(text, max_trace_events())
-    buffer, head = _head(text)
+    rest, head = _head(text)
+    window = _Window(rest)
     max_event_bytes = MAX_EVENT_MIB * 2**20
     while True:
-        if not text.eof and len(buffer) < _CHUNK:
-            buffer += text.read()
+        if not text.eof and window.length < _CHUNK:
+            window.fill(text)
             continue
-        limit = len(buffer) if not text.eof else len(buffer) - _TAIL_GUARD
-        cut = _last_boundary(buffer, limit) if limit > 0 else -1
+        length = window.length
+        limit = length if not text.eof else length - _TAIL_GUARD
+        cut = _last_boundary(window.data, limit, length) if limit > 0 else -1
         if cut < 0:
             if text.eof:
                 break
-            if len(buffer) > max_event_bytes:
+            if length > max_event_bytes:
                 raise TraceTooLarge(f"{source}: an event (or text between events) longer than "
                                     f"{MAX_EVENT_MIB} MiB, so not a profiler trace event")
-            buffer += text.read()
+            window.fill(text)
             continue
+        comma = window.data.index(b",", cut, length)
+        after_cut = window.data[cut]
+        window.data[0], window.data[cut] = 0x5B, 0x5D  # "[", "]"
         try:
-            reading.add(*_decode_piece(buffer[:cut], reading.names))
+            with window.view(cut + 1) as piece:
+                reading.add(*_decode_piece(piece, reading.names))
         except RecursionError:
             raise _Fallback from None
         except msgspec.DecodeError:
             # a "},{" inside a string or inside the members after the list: the plain path
             # is exact; it is read at the end with the rest when the file ends here
+            window.data[cut] = after_cut
             if text.eof:
                 break
-            buffer += text.read()
-            if len(buffer) > max_event_bytes * 2:
+            window.fill(text)
+            if window.length > max_event_bytes * 2:
                 raise _Fallback from None
             continue
-        buffer = buffer[cut:].lstrip(_WHITESPACE)[1:]  # past the comma
-    members = _tail(reading, buffer, head is not None)
+        window.keep_from(comma)  # the comma is the next placeholder
+    members = _tail(reading, window.bytes()[1:], head is not None)
     if head is not None:
         members = {**head, **members}
     return reading.kept, reading.event_count, members

@@ -94,6 +94,15 @@ class _NamedZipStream:
     def read(self, size: int = -1) -> bytes:
         return self._stream.read(size)
 
+    def readinto(self, buffer) -> int:
+        return self._stream.readinto(buffer)
+
+    def seekable(self) -> bool:
+        return self._stream.seekable()
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
     def seek(self, offset: int, whence: int = 0) -> int:
         return self._stream.seek(offset, whence)
 
