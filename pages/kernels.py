@@ -352,8 +352,89 @@ def cpu_report(evidence: dict) -> None:
 
 runs = [r for r in store.list_runs(limit=500)
         if (store.run_dir(r.id) / TRACE_FILENAME).exists() or r.summary.get("cpu_evidence")]
-source = st.radio("Source", ["A run's profiler window", "Upload a trace file"], horizontal=True,
+source = st.radio("Source", ["A run's profiler window", "Upload a trace file",
+                            "Upload one job's rank traces"], horizontal=True,
                   key="kernels_source")
+
+
+def _safe_name(name: str) -> str:
+    """The upload's base name with only ordinary characters: its rank may be in it."""
+    base = Path(name).name
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:120]
+    return cleaned or "trace.json"
+
+
+def _pct_or_na(share: float | None) -> str:
+    return "n/a" if share is None else share_text(share, 1)
+
+
+def _ms_or_na(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1000:,.2f}"
+
+
+def trace_set_report(result: dict) -> None:
+    """One job's ranks side by side (engine.analysis.trace_sets)."""
+    st.subheader("Ranks side by side")
+    st.text(result["sentence"])
+    st.caption(f"Rank numbers from {result['rank_from']}. Idle in step: within the CPU-side "
+               "profiler steps. Idle over GPU span: first to last kernel, the figure "
+               "HolisticTraceAnalysis reports. Waiting: communication kernel time beyond the "
+               "shortest rank's for the same collective (matched by order and name), time "
+               "spent waiting for the other ranks.")
+    slowest = (result.get("slowest") or {}).get("rank")
+    # the columns a person compares fit at 1280 px; the files and totals are one click away
+    rows = [{"rank": f"{row['rank']} (slowest)" if row["rank"] == slowest else str(row["rank"]),
+             "step (ms)": _ms_or_na(row["step_time_us"]),
+             "idle in step": _pct_or_na(row["idle_share"]),
+             "idle over GPU span": _pct_or_na(row["idle_in_gpu_span_share"]),
+             "comm. (ms)": _ms_or_na(row["communication_us"]),
+             "exposed comm. (ms)": _ms_or_na(row["exposed_communication_us"]),
+             "waiting (ms)": _ms_or_na(row.get("waiting_us"))} for row in result["ranks"]]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="rank_table")
+    with st.expander("Per-rank files and totals"):
+        st.dataframe(pd.DataFrame([{
+            "rank": row["rank"], "trace": row["source"], "steps": row["step_count"],
+            "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct_or_na(row["busy_share"]),
+            "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
+            for row in result["ranks"]]), hide_index=True, key="rank_files")
+    if result.get("collectives_note"):
+        show_caveat(result["collectives_note"])
+    figure = go.Figure(go.Bar(
+        x=[f"rank {row['rank']}" for row in result["ranks"]],
+        y=[(row["step_time_us"] or 0) / 1000 for row in result["ranks"]],
+        marker_color=["#d62728" if row["rank"] == slowest else "#1f77b4"
+                      for row in result["ranks"]],
+        hovertemplate="%{x}: %{y:.2f} ms per step<extra></extra>"))
+    figure.update_layout(title="Step time per rank (slowest in red)", yaxis_title="ms per step",
+                         height=320, margin=dict(t=50, b=40, l=60, r=20))
+    st.plotly_chart(figure, key="rank_step_chart")
+
+
+if source == "Upload one job's rank traces":
+    # late: trace_sets is only for this view (it reads several traces)
+    from engine.analysis.trace_sets import analyze_set, set_members
+
+    uploads = st.file_uploader("The ranks' traces (.json or .json.gz, several files) or one "
+                               "zip of them", type=["json", "gz", "zip"],
+                               accept_multiple_files=True, key="trace_set_upload")
+    if uploads:
+        with tempfile.TemporaryDirectory(prefix="precision-lab-ranks-") as folder:
+            saved = []
+            for upload in uploads:
+                target = Path(folder) / _safe_name(upload.name)
+                target.write_bytes(upload.getbuffer())
+                saved.append((upload.name, str(target)))
+            try:
+                with st.spinner("Reading the rank traces..."):
+                    trace_set_report(analyze_set(set_members([Path(t) for _, t in saved])))
+            except (ValueError, OSError) as exc:
+                st.error(plain(_upload_error(exc, saved + [("the upload", folder)],
+                                             "Cannot read the rank traces")))
+    else:
+        st.caption("Several traces of one job (a torchrun or Slurm job writes one per rank): a "
+                   "per-rank table, the slowest rank and by how much, and the communication "
+                   "time spent waiting for the other ranks.")
+    st.stop()
 
 if source == "Upload a trace file":
     upload = st.file_uploader("PyTorch profiler trace (Chrome trace JSON, .json or .json.gz)",

@@ -518,6 +518,43 @@ def test_kernels_page_upload_two_traces_and_a_broken_one(server, page, tmp_path)
     assert_page_healthy(page, "Kernels with two uploaded traces")
 
 
+@pytest.mark.timeout(180)
+def test_kernels_page_reads_one_jobs_rank_traces(server, page, tmp_path):
+    """Four rank traces (the real 2-rank set, rank 2 made 30 % slower) uploaded together:
+    the per-rank table with four rows and the sentence naming rank 2; then one zip of them
+    reads the same."""
+    import zipfile
+
+    from test_trace_scale import make_four_ranks
+
+    folder = make_four_ranks(tmp_path / "job")
+    files = sorted(str(p) for p in folder.iterdir())
+    goto(page, f"{server.url}/kernels", "Kernels")
+    page.get_by_text("Upload one job's rank traces", exact=True).click()
+    uploader = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+    uploader.first.wait_for(state="attached")
+    uploader.first.set_input_files(files)
+    wait_for(lambda: "slowest rank 2" in main_text(page), 90,
+             message=lambda: f"the rank sentence (page: {main_text(page)[:2000]!r})")
+    wait_for(lambda: "idle over GPU span" in grid_columns(page), 30,
+             message=lambda: f"the rank table (columns: {grid_columns(page)})")
+    assert "4 rank traces" in main_text(page) and not error_alerts(page)
+    assert_page_healthy(page, "Kernels with a trace set")
+
+    archive = tmp_path / "job.zip"
+    with zipfile.ZipFile(archive, "w") as handle:
+        for path in files:
+            handle.write(path, Path(path).name)
+    goto(page, f"{server.url}/kernels", "Kernels")
+    page.get_by_text("Upload one job's rank traces", exact=True).click()
+    uploader = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+    uploader.first.wait_for(state="attached")
+    uploader.first.set_input_files(str(archive))
+    wait_for(lambda: "slowest rank 2" in main_text(page), 90,
+             message=lambda: f"the rank sentence from a zip (page: {main_text(page)[:2000]!r})")
+    assert not error_alerts(page)
+
+
 _FOREST_LABELS_JS = """() => Array.from(document.querySelectorAll(
     '.js-plotly-plot .textpoint text')).map(t => t.textContent)"""
 _CLAIM = re.compile(r"\d(\.\d+)?x (faster|slower) than")

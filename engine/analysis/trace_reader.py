@@ -262,11 +262,14 @@ def _kept_from_structs(events: list[_Event], names: dict) -> list:
             continue
         args = event.args or _NO_ARGS
         name, ts, dur = event.name, event.ts, event.dur
+        # one object per distinct pid / tid (a trace has a few; each decoded value is a new
+        # int or str, 30-60 bytes on every one of a million kept events)
+        pid, tid = names.setdefault(event.pid, event.pid), names.setdefault(event.tid, event.tid)
         if category in LAUNCH_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
             append(_Launch((args.correlation, external, ts if ts is not None else 0.0,
-                            event.pid, event.tid, names.setdefault(name, name) if name else "",
+                            pid, tid, names.setdefault(name, name) if name else "",
                             dur if _ok_time(dur) and dur >= 0 else 0.0)))
             continue
         if category in ANNOTATION_EVENT_CATEGORIES and not (
@@ -285,20 +288,20 @@ def _kept_from_structs(events: list[_Event], names: dict) -> list:
         if category in KERNEL_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            append(_Kernel((name, ts, dur, event.pid, event.tid, args.correlation, external,
-                            _stream(args.stream, event.tid), args.device)))
+            append(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
+                            _stream(args.stream, tid), args.device)))
         elif category in CPU_OP_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            append(_CpuOp((name, ts, ts + dur, event.pid, event.tid, external)))
+            append(_CpuOp((name, ts, ts + dur, pid, tid, external)))
         elif category in COPY_EVENT_CATEGORIES:
             size = args.size
             kind = "memset" if "memset" in category.lower() else "memcpy"
-            append(_Copy((name, ts, dur, _stream(args.stream, event.tid), args.device,
+            append(_Copy((name, ts, dur, _stream(args.stream, tid), args.device,
                           int(size) if _ok_time(size) and size >= 0 else None, kind,
                           args.correlation)))
         else:
-            append(_Span((name, ts, ts + dur, event.pid, event.tid)))
+            append(_Span((name, ts, ts + dur, pid, tid)))
     return kept
 
 
