@@ -23,9 +23,9 @@ import pandas as pd
 
 from engine.analysis.kernels import classify_kernel
 from engine.analysis.trace_reader import (
-    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, TraceTooLarge, _BadDuration,
-    _Copy, _CpuOp, _Fallback, _Kernel, _Launch, _Malformed, _Span, compact_dict,
-    max_trace_bytes, open_source, read_all, stream_events, too_large)
+    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge, _Copy,
+    _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes, open_source,
+    read_all, stream_events, too_large)
 from engine.hardware.gpus import compute_capability_from_name
 
 __all__ = ["MAX_TIME_US", "SPAN_PREFIXES", "TABLE_COLUMNS", "ParsedTrace", "TraceTooLarge",
@@ -49,7 +49,7 @@ def _cannot_read(source: str, exc: BaseException) -> ValueError:
     return ValueError(f"{source}: cannot read trace file: {reason}")
 
 
-def _parse_trace(path_or_fileobj: Any) -> tuple[list, int, dict]:
+def _parse_trace(path_or_fileobj: Any) -> tuple[Kept, int, dict]:
     """-> (kept events, events read, top-level members: deviceProperties,
     distributedInfo, ...). The streaming reader first
     (engine.analysis.trace_reader); what it does not expect is read again by the plain
@@ -74,7 +74,7 @@ def _parse_trace(path_or_fileobj: Any) -> tuple[list, int, dict]:
     return kept, count, members
 
 
-def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[list, int, dict]:
+def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[Kept, int, dict]:
     """The whole text through the stdlib decoder (what the streaming reader did not expect:
     its errors name the defect); bounded by FALLBACK_MAX_MIB, as it holds the text."""
     limit = min(max_trace_bytes(), FALLBACK_MAX_MIB * 2**20)
@@ -126,10 +126,12 @@ def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[list, int, dict]:
     return _kept(events, source), len(events), data
 
 
-def _kept(events: list, source: str) -> list:
+def _kept(events: list, source: str) -> Kept:
     if not events:
         raise _no_events(source)
-    return [event for event in events if isinstance(event, tuple)]
+    kept = Kept()
+    kept.add_mixed([event for event in events if isinstance(event, tuple)])
+    return kept
 
 
 def _no_events(source: str) -> ValueError:
@@ -283,43 +285,21 @@ class ParsedTrace:
 def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     """Parse a trace once. Raises ValueError naming the file when it cannot be read or is
     not a profiler trace."""
-    events, event_count, members = _parse_trace(path_or_fileobj)
+    kept, event_count, members = _parse_trace(path_or_fileobj)
     source = _source_name(path_or_fileobj)
     properties = members.get("deviceProperties")
     properties = properties if isinstance(properties, list) else []
     distributed = members.get("distributedInfo")
-    kernels: list[_Kernel] = []
-    launches: dict[Any, _Launch] = {}
-    all_launches: list[_Launch] = []
-    ops: list[_CpuOp] = []
-    copies: list[_Copy] = []
-    spans: list[_Span] = []
-    defects = {"malformed_events": 0, "negative_duration": 0, "missing_duration": 0}
-    for event in events:
-        kind = type(event)
-        if kind is _Kernel:
-            kernels.append(event)
-        elif kind is _Launch:
-            all_launches.append(event)
-            if event[0] is not None:
-                launches[event[0]] = event
-        elif kind is _CpuOp:
-            ops.append(event)
-            if event[0].startswith(SPAN_PREFIXES):  # old schema: ProfilerStep is an op
-                spans.append(_Span(event[:5]))
-        elif kind is _Copy:
-            copies.append(event)
-        elif kind is _Span:
-            spans.append(event)
-        elif kind is _Malformed:
-            defects["malformed_events"] += 1
-        elif kind is _BadDuration:
-            defects[f"{event[1]}_duration"] += 1
+    kernels, all_launches, ops, copies = kept.kernels, kept.launches, kept.cpu_ops, kept.copies
+    launches = {event[0]: event for event in all_launches if event[0] is not None}
+    # old schema: ProfilerStep and the other spans are CPU ops
+    spans = kept.spans + [_Span(op[:5]) for op in ops if op[0].startswith(SPAN_PREFIXES)]
+    defects = kept.defects
     if not (kernels or all_launches or ops or copies or spans):
         raise ValueError(f"{source}: {event_count:,} event(s), none of "
                          "them a profiler event (kernel, CPU op, runtime call, memcpy/memset, "
                          "annotation), so not a PyTorch profiler trace")
-    del events
+    del kept
     entries = [entry for entry in properties if isinstance(entry, dict)]
     device = _device_from_properties(entries, kernels)
     table = _build_table(kernels, launches, ops)

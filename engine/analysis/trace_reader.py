@@ -29,6 +29,7 @@ import math
 import os
 import re
 import zlib
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import msgspec
@@ -251,11 +252,12 @@ def _ok_time(value: float | None) -> bool:
     return value is not None and -MAX_TIME_US <= value <= MAX_TIME_US  # NaN fails both
 
 
-def _kept_from_structs(events: list[_Event], names: dict) -> list:
+def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
     """compact() for typed events, whose field types msgspec has checked: the same tuples
-    (tests compare both paths on every fixture), without the per-field type checks."""
-    kept = []
-    append = kept.append
+    (tests compare both paths on every fixture), without the per-field type checks, each
+    appended to its kind's list in `kept`."""
+    kernels, launches, ops = kept.kernels.append, kept.launches.append, kept.cpu_ops.append
+    defects = kept.defects
     for event in events:
         category = event.cat
         if category not in KEPT_CATEGORIES:
@@ -268,7 +270,7 @@ def _kept_from_structs(events: list[_Event], names: dict) -> list:
         if category in LAUNCH_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            append(_Launch((args.correlation, external, ts if ts is not None else 0.0,
+            launches(_Launch((args.correlation, external, ts if ts is not None else 0.0,
                             pid, tid, names.setdefault(name, name) if name else "",
                             dur if _ok_time(dur) and dur >= 0 else 0.0)))
             continue
@@ -281,28 +283,27 @@ def _kept_from_structs(events: list[_Event], names: dict) -> list:
             kind = "annotation" if category in ANNOTATION_EVENT_CATEGORIES else (
                 "kernel" if category in KERNEL_EVENT_CATEGORIES else
                 "copy" if category in COPY_EVENT_CATEGORIES else "cpu op")
-            append(_BadDuration((kind, "negative" if _ok_time(dur) and dur < 0
-                                 else "missing")))
+            defects["negative_duration" if _ok_time(dur) and dur < 0
+                    else "missing_duration"] += 1
             continue
         name = names.setdefault(name, name) if name else ""
         if category in KERNEL_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            append(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
+            kernels(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
                             _stream(args.stream, tid), args.device)))
         elif category in CPU_OP_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            append(_CpuOp((name, ts, ts + dur, pid, tid, external)))
+            ops(_CpuOp((name, ts, ts + dur, pid, tid, external)))
         elif category in COPY_EVENT_CATEGORIES:
             size = args.size
             kind = "memset" if "memset" in category.lower() else "memcpy"
-            append(_Copy((name, ts, dur, _stream(args.stream, tid), args.device,
+            kept.copies.append(_Copy((name, ts, dur, _stream(args.stream, tid), args.device,
                           int(size) if _ok_time(size) and size >= 0 else None, kind,
                           args.correlation)))
         else:
-            append(_Span((name, ts, ts + dur, pid, tid)))
-    return kept
+            kept.spans.append(_Span((name, ts, ts + dur, pid, tid)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -521,8 +522,9 @@ def _last_boundary(buffer: bytearray, before: int, length: int) -> int:
         end = close
 
 
-def _decode_piece(piece: Any, names: dict) -> tuple[list, int]:
-    """Events of one piece "[{...}, ..., {...}]" (bytes-like) -> (kept tuples, events in it)."""
+def _decode_piece(piece: Any, names: dict, kept: Kept) -> int:
+    """The events of one piece "[{...}, ..., {...}]" (bytes-like) into `kept`; -> how many
+    events the piece held."""
     try:
         events = _EVENTS.decode(piece)
     except msgspec.ValidationError:
@@ -532,22 +534,54 @@ def _decode_piece(piece: Any, names: dict) -> tuple[list, int]:
             raise _Fallback from None
         if not all(isinstance(obj, dict) for obj in objects):
             raise _Fallback from None
-        return [item for item in map(compact_dict, objects)
-                if item is not None and not isinstance(item, dict)], len(objects)
-    return _kept_from_structs(events, names), len(events)
+        kept.add_mixed([item for item in map(compact_dict, objects)
+                        if item is not None and not isinstance(item, dict)])
+        return len(objects)
+    _kept_from_structs(events, names, kept)
+    return len(events)
+
+
+@dataclass
+class Kept:
+    """What a trace's reading keeps, by kind (the fast path fills the lists directly; a
+    per-event dispatch over a million tuples afterwards cost half a second per GiB)."""
+
+    kernels: list = field(default_factory=list)    # _Kernel
+    launches: list = field(default_factory=list)   # _Launch
+    cpu_ops: list = field(default_factory=list)    # _CpuOp
+    copies: list = field(default_factory=list)     # _Copy
+    spans: list = field(default_factory=list)      # _Span
+    defects: dict = field(default_factory=lambda: {
+        "malformed_events": 0, "negative_duration": 0, "missing_duration": 0})
+
+    def size(self) -> int:
+        return len(self.kernels) + len(self.launches) + len(self.cpu_ops) + \
+            len(self.copies) + len(self.spans)
+
+    def add_mixed(self, items: list) -> None:
+        """Tuples of any kind (the plain path, a piece judged event by event)."""
+        lists = {_Kernel: self.kernels, _Launch: self.launches, _CpuOp: self.cpu_ops,
+                 _Copy: self.copies, _Span: self.spans}
+        for item in items:
+            kind = type(item)
+            if kind in lists:
+                lists[kind].append(item)
+            elif kind is _Malformed:
+                self.defects["malformed_events"] += 1
+            elif kind is _BadDuration:
+                self.defects[f"{item[1]}_duration"] += 1
 
 
 class _Reading:
     def __init__(self, text: _Text, max_events: int):
         self.text, self.max_events = text, max_events
-        self.kept: list = []
+        self.kept = Kept()
         self.event_count = 0
         self.names: dict = {}
 
-    def add(self, items: list, count: int) -> None:
-        self.kept.extend(items)
+    def add(self, count: int) -> None:
         self.event_count += count
-        if len(self.kept) > self.max_events:
+        if self.kept.size() > self.max_events:
             raise TraceTooLarge(
                 f"{self.text.source}: more than {self.max_events:,} kernel, launch and CPU-op "
                 f"events, the limit kept from a trace; set {MAX_EVENTS_ENV} to raise it "
@@ -599,7 +633,8 @@ def _tail(reading: _Reading, buffer: bytes, is_object: bool) -> dict:
                 index = _skip(decoded, index + 1)
             elif decoded[index:index + 1] != "]":
                 raise _Fallback
-        reading.add(items, count)
+        reading.kept.add_mixed(items)
+        reading.add(count)
         index = _skip(decoded, index + 1)
         if not is_object:
             if index != len(decoded):
@@ -620,8 +655,8 @@ def _tail(reading: _Reading, buffer: bytes, is_object: bool) -> dict:
 _TAIL_GUARD = 1 << 20
 
 
-def stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
-    """-> (kept event tuples, events read, top-level members other than traceEvents).
+def stream_events(handle: IO[bytes], source: str) -> tuple["Kept", int, dict]:
+    """-> (what is kept, events read, top-level members other than traceEvents).
     Raises _Fallback for what the plain path should read, TraceTooLarge past a bound."""
     # The collector off while millions of short-lived objects are made: its passes over
     # them took as long as the decoding (nothing made here holds a cycle). Restored after.
@@ -634,7 +669,7 @@ def stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
             gc.enable()
 
 
-def _stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
+def _stream_events(handle: IO[bytes], source: str) -> tuple["Kept", int, dict]:
     text = _Text(handle, source, max_trace_bytes())
     reading = _Reading(text, max_trace_events())
     rest, head = _head(text)
@@ -660,7 +695,7 @@ def _stream_events(handle: IO[bytes], source: str) -> tuple[list, int, dict]:
         window.data[0], window.data[cut] = 0x5B, 0x5D  # "[", "]"
         try:
             with window.view(cut + 1) as piece:
-                reading.add(*_decode_piece(piece, reading.names))
+                reading.add(_decode_piece(piece, reading.names, reading.kept))
         except RecursionError:
             raise _Fallback from None
         except msgspec.DecodeError:
