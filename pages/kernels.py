@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.analysis.accounting import part_shares
+from engine.analysis.accounting import launch_words, part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
 from engine.analysis.explain import analyze as analyze_trace_file
 from engine.analysis.explain import (
@@ -151,10 +151,17 @@ def gpu_accounting(accounting: dict) -> None:
             column.metric(label, value, help=help_text)
     st.caption("Per step, by part (they add up to the step; idle = nothing running on the GPU)")
     parts_table(accounting, "gpu_parts")
+    for sentence in launch_words(accounting):
+        st.caption(sentence)
     if accounting.get("steps"):
-        st.caption("Per profiler step")
+        st.caption("Per profiler step: in the step's CPU span, and by launch (the work the "
+                   "step launched, over its own GPU span; lag = how long after the step began "
+                   "its first GPU work started)")
         st.dataframe(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
                      hide_index=True, key="gpu_steps")
+        with st.expander("Communication and copies per step"):
+            st.dataframe(pd.DataFrame([_step_comm_row(row) for row in accounting["steps"]]),
+                         hide_index=True, key="gpu_steps_comm")
     st.caption("Per stream")
     st.dataframe(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
                  hide_index=True, key="gpu_streams")
@@ -166,9 +173,20 @@ def gpu_accounting(accounting: dict) -> None:
 
 # The same columns, units and share wording as `python -m engine kernels TRACE`.
 def _step_row(row: dict) -> dict:
-    return {"step": row["step"], "time_ms": row["step_time_us"] / 1000,
-            "busy_ms": row["busy_us"] / 1000, "idle": _pct(row["idle_share"]),
-            "communication_ms": row["communication_us"] / 1000,
+    launched = row.get("launched") or {}
+
+    def ms(us: float | None) -> str:
+        return "n/a" if us is None else f"{us / 1000:,.3f}"
+    return {"step": row["step"], "time_ms": ms(row["step_time_us"]),
+            "busy_ms": ms(row["busy_us"]), "idle": _pct(row["idle_share"]),
+            "gpu_span_ms": ms(launched.get("gpu_span_us")),
+            "launched_busy_ms": ms(launched.get("busy_us")),
+            "idle_in_gpu_span": _pct(launched.get("idle_in_gpu_span_share")),
+            "lag_ms": ms(launched.get("gpu_lag_us"))}
+
+
+def _step_comm_row(row: dict) -> dict:
+    return {"step": row["step"], "communication_ms": row["communication_us"] / 1000,
             "hidden_under_compute_ms": row["overlap_us"] / 1000,
             "copy_ms": row["copy_us"] / 1000}
 
@@ -364,10 +382,6 @@ def _safe_name(name: str) -> str:
     return cleaned or "trace.json"
 
 
-def _pct_or_na(share: float | None) -> str:
-    return "n/a" if share is None else share_text(share, 1)
-
-
 def _ms_or_na(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1000:,.2f}"
 
@@ -385,8 +399,8 @@ def trace_set_report(result: dict) -> None:
     # the columns a person compares fit at 1280 px; the files and totals are one click away
     rows = [{"rank": f"{row['rank']} (slowest)" if row["rank"] == slowest else str(row["rank"]),
              "step (ms)": _ms_or_na(row["step_time_us"]),
-             "idle in step": _pct_or_na(row["idle_share"]),
-             "idle over GPU span": _pct_or_na(row["idle_in_gpu_span_share"]),
+             "idle in step": _pct(row["idle_share"]),
+             "idle over GPU span": _pct(row["idle_in_gpu_span_share"]),
              "comm. (ms)": _ms_or_na(row["communication_us"]),
              "exposed comm. (ms)": _ms_or_na(row["exposed_communication_us"]),
              "waiting (ms)": _ms_or_na(row.get("waiting_us"))} for row in result["ranks"]]
@@ -394,7 +408,7 @@ def trace_set_report(result: dict) -> None:
     with st.expander("Per-rank files and totals"):
         st.dataframe(pd.DataFrame([{
             "rank": row["rank"], "trace": row["source"], "steps": row["step_count"],
-            "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct_or_na(row["busy_share"]),
+            "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct(row["busy_share"]),
             "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
             for row in result["ranks"]]), hide_index=True, key="rank_files")
     if result.get("collectives_note"):

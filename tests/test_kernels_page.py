@@ -112,11 +112,14 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
     assert metrics["GPU busy"] == "157.500 ms" and metrics["GPU idle"] == "509.726 ms"
     assert metrics["Communication hidden under compute"] == "7.317 ms"
     frames = [df.value for df in at.dataframe]
-    steps = next(f for f in frames if "hidden_under_compute_ms" in f.columns)
+    steps = next(f for f in frames if "launched_busy_ms" in f.columns)
     assert list(steps["step"]) == [4, 5, 6]
+    comm = next(f for f in frames if "hidden_under_compute_ms" in f.columns)
+    assert list(comm["step"]) == [4, 5, 6]
     streams = next(f for f in frames if "stream" in f.columns and "busy_ms" in f.columns)
     assert list(streams["stream"]) == ["7", "40"]
     # the shares read as the CLI prints them: one rounding, one formatter
+    from engine.analysis.accounting import launch_words
     from engine.analysis.explain import analyze
     from engine.cli.kernels import format_breakdown
 
@@ -126,8 +129,14 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
         assert any(line.split()[:1] == [part] and line.endswith(share)
                    for line in report.splitlines()), (part, share)
     assert all(str(v).endswith("%") for v in streams["busy"])
-    assert list(steps.columns) == ["step", "time_ms", "busy_ms", "idle", "communication_ms",
-                                   "hidden_under_compute_ms", "copy_ms"]  # no dict columns
+    assert list(steps.columns) == ["step", "time_ms", "busy_ms", "idle", "gpu_span_ms",
+                                   "launched_busy_ms", "idle_in_gpu_span", "lag_ms"]
+    assert list(comm.columns) == ["step", "communication_ms", "hidden_under_compute_ms",
+                                  "copy_ms"]  # no dict columns
+    # the GPU span and by-launch sentences, the same words as the CLI's
+    for sentence in launch_words(analyze(TRACES / "a100_conv_nccl_hta.json.gz")["accounting"]):
+        assert any(sentence == caption.value for caption in at.caption), sentence
+        assert sentence in report
     # evidence: short names in the list, the full (template) names on the expander
     short, full = at.code[0].value, at.code[1].value
     assert short and "(" not in short  # no argument lists in the list

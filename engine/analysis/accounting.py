@@ -632,6 +632,46 @@ def _matrix_ops(top: list, cpu_evidence: dict | None) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 # public
 
+def _ms_text(us: float) -> str:
+    return f"{us / 1000:,.2f} ms"
+
+
+def _pct_text(share: float) -> str:
+    # late: traces imports pandas (this module does too, through trace_parser)
+    from engine.analysis.traces import share_text
+
+    return share_text(share, 1)
+
+
+def launch_words(accounting: dict) -> list[str]:
+    """The GPU-span and by-launch figures as sentences, the same on the Kernels page and in
+    `engine kernels`: the window above them is the CPU-side steps, and these say what that
+    window leaves out or counts from elsewhere."""
+    words = []
+    span = accounting.get("gpu_span")
+    if span and span.get("gpu_span_us"):
+        words.append(f"Over the GPU's own span (first to last kernel or copy, the window "
+                     f"HolisticTraceAnalysis reports): {_ms_text(span['gpu_span_us'])}, busy "
+                     f"{_ms_text(span['busy_us'])}, idle "
+                     f"{_pct_text(span['idle_in_gpu_span_share'])}.")
+    by_launch = accounting.get("by_launch")
+    if by_launch:
+        parts = [f"{_pct_text(by_launch['in_steps']['share_of_gpu_busy'] or 0.0)} of the GPU's "
+                 "busy time was launched inside the profiler steps"]
+        outside, unlaunched = by_launch["outside_steps"], by_launch["no_launch_event"]
+        if outside["activity_count"]:
+            parts.append(f"{_ms_text(outside['busy_us'])} "
+                         f"({_pct_text(outside['share_of_gpu_busy'] or 0.0)}) by CPU work "
+                         "outside every step")
+        if unlaunched["activity_count"]:
+            parts.append(f"{_ms_text(unlaunched['busy_us'])} "
+                         f"({_pct_text(unlaunched['share_of_gpu_busy'] or 0.0)}) has no launch "
+                         "event in the trace (launched before the profiler started)")
+        words.append("By the step that launched it: " + "; ".join(parts) + ". A step's "
+                     "'launched' figures count its work in full, however late the GPU ran it.")
+    return words
+
+
 def part_shares(accounting: dict) -> dict[str, float | None]:
     """{part: share of the window}: the stored "parts_share", or, for an accounting stored
     before it existed, the same rounding applied to "parts_us"."""

@@ -322,6 +322,7 @@ MAX_EVENT_MIB = 64
 # The plain path holds the whole text: it reads only what the fast path could not.
 FALLBACK_MAX_MIB = 512
 _CHUNK = 16 << 20
+_MIN_FREE = 1 << 16  # below this much free space the window doubles
 
 
 class TraceTooLarge(ValueError):
@@ -397,8 +398,8 @@ class _Text:
             raise too_large(self.source, self.limit)
         return size
 
-    def read(self) -> bytes:
-        chunk = self._reader.read(_CHUNK)
+    def read(self, size: int = _CHUNK) -> bytes:
+        chunk = self._reader.read(size)
         self._count(len(chunk))
         return chunk
 
@@ -426,16 +427,18 @@ class _Window:
     decoded in place as data[0:cut + 1] with "[" and "]" written at its ends."""
 
     def __init__(self, initial: bytes):
-        self.data = bytearray(max(2 * _CHUNK, len(initial) + 2 * _CHUNK))
+        # sized to what is there, doubling as needed: a 20 kB trace gets a 150 kB buffer
+        self.data = bytearray(len(initial) + 1 + _MIN_FREE * 2)
         self.data[0] = 0x5B
         self.data[1:1 + len(initial)] = initial
         self.length = 1 + len(initial)
 
     def fill(self, text: _Text) -> int:
-        if len(self.data) - self.length < _CHUNK:  # a long event: room for one more chunk
+        if len(self.data) - self.length < _MIN_FREE:  # doubled: a big trace or a long event
             self.data.extend(bytes(len(self.data)))
+        free = len(self.data) - self.length
         with memoryview(self.data) as view:
-            size = text.readinto(view[self.length:self.length + _CHUNK])
+            size = text.readinto(view[self.length:self.length + min(free, _CHUNK)])
         self.length += size
         return size
 
@@ -591,9 +594,12 @@ class _Reading:
 def _head(text: _Text) -> tuple[bytes, dict | None]:
     """-> (bytes after the events list's "[", top-level members before it; None for the
     JSON-array format, whose file is the event list)."""
-    buffer = b""
+    buffer, size = b"", _MIN_FREE
     while True:
-        chunk = text.read()
+        # small reads first, doubling: a buffered read allocates what it is asked for, and
+        # a small trace's whole reading should not cost 16 MiB
+        chunk = text.read(size)
+        size = min(size * 2, _CHUNK)
         buffer += chunk
         start = buffer.lstrip()[:1]
         if start == b"[":

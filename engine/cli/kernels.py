@@ -324,14 +324,34 @@ def format_gpu_accounting(accounting: dict) -> list[str]:
         lines.append(f"{str(row['stream']):<8}{row['kernel_count']:>8}{_ms(row['kernel_us']):>11}"
                      f"{_ms(copy_us):>9}{_ms(row['busy_us']):>10}{_pct(row['busy_share']):>9}")
     if accounting["steps"]:
-        lines += ["", f"{'step':<8}{'time_ms':>10}{'busy_ms':>10}{'idle':>9}{'comm_ms':>10}"
-                      f"{'hidden_ms':>10}{'copy_ms':>9}"]
+        lines += ["", "Per step: in the step's CPU span (time_ms), and by launch: the work the "
+                      "step launched, over its own GPU span",
+                  f"{'step':<8}{'time_ms':>10}{'busy_ms':>10}{'idle':>9}{'comm_ms':>10}"
+                  f"{'hidden_ms':>10}{'copy_ms':>9}{'gpu_span_ms':>12}{'launched_ms':>12}"
+                  f"{'idle_gpu':>9}{'lag_ms':>9}"]
         for row in accounting["steps"]:
+            launched = row.get("launched") or {}
             lines.append(f"{row['step']:<8}{_ms(row['step_time_us']):>10}{_ms(row['busy_us']):>10}"
                          f"{_pct(row['idle_share']):>9}{_ms(row['communication_us']):>10}"
-                         f"{_ms(row['overlap_us']):>10}{_ms(row['copy_us']):>9}")
+                         f"{_ms(row['overlap_us']):>10}{_ms(row['copy_us']):>9}"
+                         f"{_ms_or_na(launched.get('gpu_span_us')):>12}"
+                         f"{_ms(launched.get('busy_us')):>12}"
+                         f"{_pct(launched.get('idle_in_gpu_span_share')):>9}"
+                         f"{_ms_or_na(launched.get('gpu_lag_us')):>9}")
+    lines += [""] + _launch_lines(accounting)
     lines += ["", "Step time by part (per step)"] + _parts_lines(accounting)
     return lines
+
+
+def _ms_or_na(us: float | None) -> str:
+    return "n/a" if us is None else _ms(us)
+
+
+def _launch_lines(accounting: dict) -> list[str]:
+    # late: accounting imports pandas (via traces); loaded by the time a report is formatted
+    from engine.analysis.accounting import launch_words
+
+    return launch_words(accounting)
 
 
 def _parts_lines(accounting: dict) -> list[str]:
