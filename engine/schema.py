@@ -70,6 +70,8 @@ RUN_ID_ENV = "PRECISION_LAB_RUN_ID"
 RUNS_DIRNAME = "runs"                      # <data dir>/runs/<run id>/
 WORKER_LOG = "worker.log"                  # supervisor + trainer output; Live shows its tail
 TRACE_FILENAME = "trace.json.gz"           # the profiler window's trace (Perfetto-loadable)
+# multi-process runs: rank 0's window is TRACE_FILENAME, rank N's (N > 0) this name
+RANK_TRACE_PATTERN = "trace-rank{rank}.json.gz"
 ONEDNN_LOG_FILENAME = "onednn_verbose.log"  # CPU runs: oneDNN's primitive log of the window
 NUMERICS_FILENAME = "numerics.json"        # the numerics probe's per-layer magnitudes
 RANKS_DIRNAME = "ranks"                    # multi-process runs: one record per rank process

@@ -20,6 +20,7 @@ from engine.analysis.explain import (
     explain_runs,
     only_in_rows,
     parts_rows,
+    run_rank_traces,
     speedup_text,
     window_note,
 )
@@ -67,6 +68,15 @@ def step_choice(result: dict, key: str) -> int | None:
     return st.selectbox("Profiler step", [None, *steps], key=key,
                         format_func=lambda n: "the whole window (every step)" if n is None
                         else f"ProfilerStep#{n} only")
+
+
+@st.cache_data(show_spinner="Reading every rank's trace...", max_entries=8)
+def analyze_rank_set(members: tuple[tuple[str, str], ...], newest_mtime_ns: int) -> dict:
+    """A multi-process run's ranks side by side, cached per set of trace versions."""
+    # late: trace_sets is only for runs and uploads with several ranks
+    from engine.analysis.trace_sets import analyze_set
+
+    return analyze_set([(label, Path(path)) for label, path in members])
 
 
 @st.cache_data(show_spinner="Comparing the two runs' windows...", max_entries=8)
@@ -412,7 +422,7 @@ def trace_set_report(result: dict) -> None:
             "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
             for row in result["ranks"]]), hide_index=True, key="rank_files")
     if result.get("collectives_note"):
-        show_caveat(result["collectives_note"])
+        st.caption(plain(result["collectives_note"]))
     figure = go.Figure(go.Bar(
         x=[f"rank {row['rank']}" for row in result["ranks"]],
         y=[(row["step_time_us"] or 0) / 1000 for row in result["ranks"]],
@@ -530,6 +540,10 @@ if not run.device_key.startswith("cuda") and trace_path.exists():
                          json.dumps(evidence) if evidence else None)
     cpu_accounting(cpu_result)
     projection_block(cpu_result, run)
+rank_traces = run_rank_traces(store, run)
+if rank_traces:
+    trace_set_report(analyze_rank_set(tuple((label, str(path)) for label, path in rank_traces),
+                                      max(path.stat().st_mtime_ns for _, path in rank_traces)))
 if trace_path.exists():
     others = [r for r in runs if r.id != run.id and (store.run_dir(r.id) / TRACE_FILENAME).exists()]
     other_id = st.selectbox("Compare with another run's window (B)", [None] + [r.id for r in others],

@@ -142,7 +142,8 @@ def test_two_rank_run_records_mean_loss_global_throughput_and_both_ranks_telemet
 @pytest.mark.slow
 @real_ranks
 @pytest.mark.timeout(240)
-def test_fp16_comm_hook_over_gloo_trains_and_rank_0_profiles_the_collectives(store, wait_for):
+def test_fp16_comm_hook_over_gloo_trains_and_rank_0_profiles_the_collectives(store, wait_for,
+                                                                              cli):
     import gzip
 
     run_id = launch(TWO.replace(comm_hook="fp16", steps=15, profile=True), store)
@@ -154,6 +155,26 @@ def test_fp16_comm_hook_over_gloo_trains_and_rank_0_profiles_the_collectives(sto
     with gzip.open(store.run_dir(run_id) / "trace.json.gz", "rt") as handle:
         names = {event.get("name") for event in json.load(handle)["traceEvents"]}
     assert "gloo:all_reduce" in names  # DDP's gradient all-reduce, in rank 0's window
+    # every rank profiled the same window: the ranks side by side, from the run id
+    from engine.analysis.explain import run_rank_traces
+    from engine.analysis.trace_sets import analyze_set
+
+    members = run_rank_traces(store, run)
+    assert [label for label, _ in members] == ["rank-0", "rank-1"]
+    result = analyze_set(members)
+    assert [row["rank"] for row in result["ranks"]] == [0, 1]
+    assert all(row["kind"] == "cpu" and row["step_time_us"] > 0 and row["communication_us"]
+               for row in result["ranks"])
+    assert result["slowest"]["rank"] in (0, 1) and "2 rank traces" in result["sentence"]
+    shown = cli("kernels", run_id, "--set", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["trace_set"]["ranks"] == json.loads(json.dumps(
+        result["ranks"]))
+    from test_kernels_page import _kernels_page  # the Kernels page of this run
+
+    page = _kernels_page(run_id)
+    assert "Ranks side by side" in [header.value for header in page.subheader]
+    assert result["sentence"] in [text.value for text in page.text]
 
 
 def test_bf16_comm_hook_is_refused_where_torch_refuses_it(store):

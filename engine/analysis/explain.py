@@ -30,7 +30,7 @@ from engine.analysis.traces import (
     share_text,
     short_kernel_name,
 )
-from engine.schema import TRACE_FILENAME
+from engine.schema import RANK_TRACE_PATTERN, TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
 # the window's step ratio and the steady steps' ratio further apart than this: say so
@@ -339,6 +339,19 @@ def run_trace_path(store, run) -> Path | None:
     """The run's profiler trace in its directory, or None when it recorded none."""
     path = store.run_dir(run.id) / TRACE_FILENAME
     return path if path.exists() else None
+
+
+def run_rank_traces(store, run) -> list[tuple[str, Path]]:
+    """(label, path) of every rank's trace of a multi-process run, rank 0 first; empty
+    when fewer than two ranks left one (a single-process run, profiling off)."""
+    folder = store.run_dir(run.id)
+    first = folder / TRACE_FILENAME
+    others = [(f"rank-{rank}", folder / RANK_TRACE_PATTERN.format(rank=rank))
+              for rank in range(1, int(getattr(run.config, "nprocs", 1) or 1))]
+    found = [(label, path) for label, path in others if path.exists()]
+    if not first.exists() or not found:
+        return []
+    return [("rank-0", first)] + found
 
 
 def explain_runs(store, run_a, run_b) -> dict | None:

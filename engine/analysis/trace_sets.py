@@ -188,10 +188,13 @@ def _waiting(rows: list[dict]) -> dict:
     sequences = [row.pop("_comm") for row in rows]
     if not all(sequences):
         for row in rows:
-            row["waiting_us"] = None
+            row["waiting_us"] = row["waiting_share_of_communication"] = None
+        if all(row["kind"] == "cpu" for row in rows):
+            return {"matched": 0, "reason": "waiting: n/a for CPU traces (gloo collectives run "
+                    "as CPU ops, with no collective kernels to line up across ranks)"}
         missing = [row["rank"] for row, seq in zip(rows, sequences) if not seq]
-        return {"matched": 0, "reason": "n/a: no communication kernels in the trace of rank "
-                + ", ".join(str(r) for r in missing[:8])}
+        return {"matched": 0, "reason": "waiting: n/a, no communication kernels in the trace "
+                "of rank " + ", ".join(str(r) for r in missing[:8])}
     matched = 0
     waits = [0.0] * len(rows)
     for index in range(min(len(seq) for seq in sequences)):

@@ -185,7 +185,8 @@ def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
     from engine.analysis.trace_sets import analyze_set, set_members
 
     try:
-        result = analyze_set(set_members([Path(text) for text in _set_paths(args)]))
+        members = _run_ranks(args) or set_members([Path(text) for text in _set_paths(args)])
+        result = analyze_set(members)
     except ValueError as exc:  # names the file or folder
         stderr.write(f"error: {_one_line(str(exc))}\n")
         return EXIT_USAGE
@@ -194,6 +195,24 @@ def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
     else:
         stdout.write(format_trace_set(result))
     return EXIT_OK
+
+
+def _run_ranks(args: argparse.Namespace) -> list | None:
+    """A run id given alone with --set: its ranks' traces (each rank profiles the window)."""
+    from pathlib import Path
+
+    if getattr(args, "trace_b", None) or getattr(args, "more", None) or Path(args.trace).exists() \
+            or args.trace.lower().endswith((".json", ".gz", ".zip")):
+        return None
+    # late: explain imports pandas and the store SQLite; only `kernels` needs either
+    from engine.analysis.explain import run_rank_traces
+
+    _path, run, store = _target(args.trace)
+    members = run_rank_traces(store, run)
+    if not members:
+        raise ValueError(f"run {args.trace} has no trace from a second rank: it ran one process, "
+                         "or with profiling off; launch it with --nprocs 2 or more and --profile")
+    return members
 
 
 def format_trace_set(result: dict) -> str:

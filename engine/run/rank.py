@@ -93,7 +93,10 @@ def _train_rank(run, store: Store, ctx: ParallelContext, stop: StopFlag,
         should_stop=lambda: stop.requested,
         run_dir=store.run_dir(run_id) if lead else None,
         on_window=window_handler(store, run_id, ctx.device_key) if lead else None,
-        lead=lead, parallel=ctx)
+        lead=lead, parallel=ctx,
+        # every rank profiles the same steps: the Kernels page and `engine kernels RUN --set`
+        # show the ranks side by side (analysis.trace_sets)
+        rank_trace_dir=None if lead else store.run_dir(run_id))
     return run_session(spec, close_metrics=buffer.close if buffer is not None else _nothing)
 
 

@@ -113,6 +113,7 @@ class SessionSpec:
     parallel: "ParallelContext | None" = None
     where: str | None = None       # appended to an OOM reason ("on NVIDIA H100 on 10.0.0.5")
     keep_trace_path: bool = True   # False on a Ray node: its local path means nothing elsewhere
+    rank_trace_dir: Path | None = None  # ranks > 0: profile the same window into their own file
     log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
 
 
@@ -145,7 +146,8 @@ def run_session(spec: SessionSpec, close_metrics: Callable[[], None]) -> Outcome
     try:
         result = train(cfg, spec.device_key, emit=marker.wrap(spec.emit),
                        should_stop=spec.should_stop, run_dir=spec.run_dir,
-                       on_window=spec.on_window, peak_flops=peak, parallel=spec.parallel)
+                       on_window=spec.on_window, peak_flops=peak, parallel=spec.parallel,
+                       rank_trace_dir=spec.rank_trace_dir)
     except Diverged as exc:
         close_metrics()
         return Outcome(DIVERGED, str(exc))

@@ -10,6 +10,7 @@ Layout of the data directory (env `PRECISION_LAB_HOME`, default ./.precision_lab
     precision_lab.sqlite3      the database
     runs/<run_id>/worker.log   stdout/stderr of the worker
     runs/<run_id>/trace.json.gz profiler trace (when profiled)
+    runs/<run_id>/trace-rank<N>.json.gz  rank N's trace of a multi-process run
 
 One class, `Store`, in parts: db (opening, connections, the runs table), migrations
 (tables and added columns), queue (device claims), series (metrics, telemetry,

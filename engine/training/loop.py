@@ -27,6 +27,7 @@ from engine.schema import (
     NUMERICS_FILENAME,
     ONEDNN_LOG_FILENAME,
     PROFILE,
+    RANK_TRACE_PATTERN,
     STEADY,
     TRACE_FILENAME,
     WARMUP,
@@ -270,10 +271,14 @@ def measure_flops_per_step(trainer: Trainer) -> float | None:
 class ProfilerWindow:
     """torch.profiler around the PROFILE steps; trace written gzip'd to the run dir."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path | None):
+    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path | None,
+                 trace_name: str = TRACE_FILENAME, evidence: bool = True):
+        """`trace_name`/`evidence`: a rank other than 0 writes its own trace file and no
+        oneDNN verbose log or GPM sample (rank 0's evidence stands for the run)."""
         self.enabled = cfg.profile and run_dir is not None
         self.device = device
         self.run_dir = run_dir
+        self.trace_name, self.evidence = trace_name, evidence
         self.prof = None
         self.stack: contextlib.ExitStack | None = None
         self.trace_path: Path | None = None
@@ -290,7 +295,7 @@ class ProfilerWindow:
             return
         # runs/<id>/ deleted under a running trainer: write the window's files anyway.
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.device.type != "cuda" and self.onednn_log_path is None:
+        if self.device.type != "cuda" and self.onednn_log_path is None and self.evidence:
             # The CPU's evidence (which oneDNN implementation ran each primitive) comes from
             # the window's first step alone: verbose printing slows every primitive, and
             # inside the profiled steps it would inflate the very times the trace explains.
@@ -305,7 +310,8 @@ class ProfilerWindow:
         self.stack = contextlib.ExitStack()
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-            self._start_gpm_sampler()
+            if self.evidence:
+                self._start_gpm_sampler()
         self.prof = self.stack.enter_context(
             profile(activities=activities, record_shapes=True))
 
@@ -341,9 +347,9 @@ class ProfilerWindow:
         if self.gpm_thread is not None:
             self.gpm_thread.join(timeout=5.0)
         self.run_dir.mkdir(parents=True, exist_ok=True)  # deleted during the window
-        plain = self.run_dir / "trace.json"
+        plain = self.run_dir / (self.trace_name.removesuffix(".gz") + ".tmp")
         prof.export_chrome_trace(str(plain))
-        self.trace_path = self.run_dir / TRACE_FILENAME
+        self.trace_path = self.run_dir / self.trace_name
         with open(plain, "rb") as src, gzip.open(self.trace_path, "wb", compresslevel=5) as dst:
             shutil.copyfileobj(src, dst)
         plain.unlink()
@@ -356,7 +362,8 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
           should_stop: Callable[[], bool] = lambda: False, run_dir: Path | None = None,
           peak_flops: float | None = None,
           on_window: Callable[["ProfilerWindow", str], None] | None = None,
-          parallel: "ParallelContext | None" = None) -> TrainResult:
+          parallel: "ParallelContext | None" = None,
+          rank_trace_dir: Path | None = None) -> TrainResult:
     """Train `cfg` on `device_key`, calling `emit(rows)` at each log boundary.
 
     `peak_flops` (FLOP/s of the device at this precision) turns achieved FLOP/s into MFU;
@@ -365,14 +372,16 @@ def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]]
 
     With `parallel` (one rank of a multi-process run) the logged loss is the mean over the
     ranks, throughput and FLOPs count all ranks, and a stop request is honoured at a log
-    boundary by every rank together. Pass run_dir=None on ranks other than 0: only rank 0
-    profiles.
+    boundary by every rank together. Pass run_dir=None on ranks other than 0 (rank 0 writes
+    the run's files); with `rank_trace_dir` such a rank profiles the same window into its
+    own trace file there (RANK_TRACE_PATTERN), for the per-rank view.
     """
     device = resolve_torch_device(device_key)
     trainer = _user_code(cfg, "setting up", lambda: Trainer(cfg, device, parallel))
     try:
         return _user_code(cfg, "training", lambda: _train(
-            trainer, emit, should_stop, run_dir, peak_flops, on_window, parallel))
+            trainer, emit, should_stop, run_dir, peak_flops, on_window, parallel,
+            rank_trace_dir))
     finally:
         trainer.close()  # DataLoader workers end with the run, whatever ended it
 
@@ -394,8 +403,17 @@ def _user_code(cfg: RunConfig, doing: str, work: Callable[[], Any]) -> Any:
                             "(traceback in the run's log)") from exc
 
 
+def _profiler(cfg: RunConfig, device: torch.device, run_dir: Path | None,
+              parallel: "ParallelContext | None", rank_trace_dir: Path | None
+              ) -> "ProfilerWindow":
+    if run_dir is None and rank_trace_dir is not None and parallel is not None:
+        return ProfilerWindow(cfg, device, rank_trace_dir, evidence=False,
+                              trace_name=RANK_TRACE_PATTERN.format(rank=parallel.rank))
+    return ProfilerWindow(cfg, device, run_dir)
+
+
 def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
-           parallel) -> TrainResult:
+           parallel, rank_trace_dir=None) -> TrainResult:
     cfg, device = trainer.cfg, trainer.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -407,7 +425,7 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         # Registered after the FLOP count so step 1 is not sampled twice.
         probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(
             trainer.module)
-    profiler = ProfilerWindow(cfg, device, run_dir)
+    profiler = _profiler(cfg, device, run_dir, parallel, rank_trace_dir)
     meter = StepMeter(trainer, flops_per_step, peak_flops)
     status, reason, step = "finished", None, 0
 
