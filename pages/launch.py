@@ -30,10 +30,11 @@ from engine.presets import (
     input_pipeline_configs,
     launch_many,
 )
-from engine.store import StoreError
+from engine.store import RunNotFound, StoreError
 from engine.workloads import WORKLOADS_ENV, discover_workloads, workloads_dir
 from pages.ui import (
     PREFILL_KEY,
+    RELAUNCHED_KEY,
     NumberInputs,
     cached_devices,
     ensure_app_shell,
@@ -103,9 +104,28 @@ def workload_choice(name: str) -> str:
                         + (f": {by_path[path].summary}" if by_path[path].summary else ""))
 
 
+RELAUNCH_PARAM = "relaunch"  # /?relaunch=RUN_ID: the form filled from that run (shareable)
+
+
+def _prefill_from_url() -> dict | None:
+    """The run named in the address, once per session and id: a shared Re-launch link."""
+    wanted = st.query_params.get(RELAUNCH_PARAM)
+    if not wanted or st.session_state.get(RELAUNCHED_KEY) == wanted:
+        return None
+    st.session_state[RELAUNCHED_KEY] = wanted
+    try:
+        run = store.get_run(wanted)
+    except RunNotFound:
+        st.warning("The run in this page's address does not exist here (deleted, or from "
+                   "another data directory): nothing was filled in.")
+        st.code(wanted, language=None)  # as text: it comes from the URL
+        return None
+    return {"run_id": run.id, "config": run.config.to_dict()}
+
+
 def apply_prefill() -> str | None:
     """Copy a re-launched run's config into the inputs, once; the source run id."""
-    prefill = st.session_state.pop(PREFILL_KEY, None)
+    prefill = st.session_state.pop(PREFILL_KEY, None) or _prefill_from_url()
     if not prefill:
         return None
     for field_name, value in prefill["config"].items():

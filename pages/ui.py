@@ -192,17 +192,21 @@ def fmt_age(timestamp) -> str:
 
 
 def open_in_live(run_id: str) -> None:
+    """Live of this run, its id in the address (a link that can be shared)."""
     st.session_state[LIVE_RUN_KEY] = run_id
-    st.switch_page("pages/live.py")
+    st.switch_page("pages/live.py", query_params={"run": run_id})
 
 
 PREFILL_KEY = "launch_prefill"  # {"run_id": ..., "config": RunConfig.to_dict()} for Launch
+RELAUNCHED_KEY = "launch_relaunched_from"  # the ?relaunch= id already filled in
 
 
 def relaunch(run) -> None:
-    """Open the Launch page with this run's config filled in (nothing starts yet)."""
+    """Open the Launch page with this run's config filled in (nothing starts yet); the
+    address says which run (/?relaunch=ID), so the filled form can be shared."""
     st.session_state[PREFILL_KEY] = {"run_id": run.id, "config": run.config.to_dict()}
-    st.switch_page("pages/launch.py")
+    st.session_state[RELAUNCHED_KEY] = run.id  # filled from the state, not again from the URL
+    st.switch_page("pages/launch.py", query_params={"relaunch": run.id})
 
 
 class NumberInputs:

@@ -334,6 +334,25 @@ def test_runs_page_relaunch_fills_the_launch_form_and_archive_hides_the_run(serv
     assert widget(page, "name").locator("input").input_value() == "to re-launch"
     assert len(store.list_runs()) == 1  # nothing launched yet
     assert_page_healthy(page, "Launch prefilled")
+    # the address names the run: the filled form can be shared, and a fresh page fills it
+    shared = page.url
+    assert parse_qs(urlparse(shared).query).get("relaunch") == [source], shared
+    fresh = page.context.new_page()
+    try:
+        fresh.goto(shared)
+        fresh.get_by_text(f"Filled in from run {source}").first.wait_for(timeout=30_000)
+        wait_for(lambda: widget(fresh, "batch_size").locator("input").input_value() == "48",
+                 20, message="the batch size filled in from the shared link")
+    finally:
+        fresh.close()
+
+    goto(page, f"{server.url}/runs", TITLES["runs"])
+    wait_for(lambda: grid_cells(page), 20, message="the runs table's rows")
+    canvas = page.locator('[data-testid="stDataFrame"] canvas').first.bounding_box()
+    page.mouse.click(canvas["x"] + 15, canvas["y"] + 35 + 35 / 2)
+    page.get_by_role("button", name="Open in Live", exact=True).click()
+    page.wait_for_url(re.compile(r"/live\?run="), timeout=30_000)
+    assert parse_qs(urlparse(page.url).query).get("run") == [source], page.url
 
     goto(page, f"{server.url}/runs", TITLES["runs"])
     wait_for(lambda: grid_cells(page), 20, message="the runs table's rows")
