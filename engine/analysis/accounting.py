@@ -25,9 +25,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-import pandas as pd
-
 from engine.analysis.trace_parser import SPAN_PREFIXES, ParsedTrace, load_trace
+from engine.analysis.traces import share_text
 
 PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
          "optimizer", "other", "idle")
@@ -75,8 +74,9 @@ def profiler_steps(trace: ParsedTrace) -> list[dict]:
 def _event_span(trace: ParsedTrace) -> tuple[float, float] | None:
     starts, ends = [], []
     if not trace.table.empty:
-        starts.append(float(trace.table["ts_us"].min()))
-        ends.append(float((trace.table["ts_us"] + trace.table["dur_us"]).max()))
+        table_starts, durations = trace.table["ts_us"].tolist(), trace.table["dur_us"].tolist()
+        starts.append(float(min(table_starts)))
+        ends.append(float(max(start + dur for start, dur in zip(table_starts, durations))))
     for items, start_at, end_of in ((trace.copies, 1, lambda c: c[1] + c[2]),
                                     (trace.cpu_ops, 1, lambda o: o[2]),
                                     (trace.spans, 1, lambda s: s[2])):
@@ -120,7 +120,7 @@ def _window(trace: ParsedTrace, step: int | None) -> dict:
 # ---------------------------------------------------------------------------------------
 # GPU: one sweep over all activities gives unions, overlaps and the exclusive split
 
-def _as_id(value: Any) -> int | None:
+def _as_id(value: Any) -> int | None:  # a launch's correlation: int, text or None
     try:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
@@ -137,13 +137,13 @@ class _Activities:
         rows = []
         table = trace.table
         if not table.empty:
-            ends = table["ts_us"] + table["dur_us"]
-            for start, end, category, correlation in zip(
-                    table["ts_us"].tolist(), ends.tolist(), table["category"].tolist(),
-                    table["correlation"].tolist()):
+            for start, dur, category, correlation in zip(
+                    table["ts_us"].tolist(), table["dur_us"].tolist(),
+                    table["category"].tolist(), table["correlation"].tolist()):
                 part = _KERNEL_PARTS.get(category, "other")
-                rows.append((start, end, part, _COMM if part == "communication" else _COMPUTE,
-                             _as_id(correlation) if correlation is not pd.NA else None))
+                rows.append((start, start + dur, part,
+                             _COMM if part == "communication" else _COMPUTE,
+                             correlation if isinstance(correlation, int) else None))
         for copy in trace.copies:
             rows.append((copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE,
                          _as_id(copy[7]) if len(copy) > 7 else None))
@@ -322,11 +322,9 @@ def step_kernel_table(trace: ParsedTrace, step: int):
     """The kernels that started in ProfilerStep#`step` (the ones its accounting counts),
     with the table's attrs: the Tensor-Core breakdown of that step alone."""
     window = _window(trace, step)
-    table = trace.table
-    inside = table[(table["ts_us"] >= window["start_us"]) & (table["ts_us"] < window["end_us"])]
-    inside = inside.reset_index(drop=True)
-    inside.attrs = dict(table.attrs)
-    return inside
+    lo, hi = window["start_us"], window["end_us"]
+    return trace.table.rows(i for i, start in enumerate(trace.table["ts_us"].tolist())
+                            if lo <= start < hi)
 
 
 def _kernel_figures(trace: ParsedTrace, lo: float, hi: float) -> dict:
@@ -334,12 +332,15 @@ def _kernel_figures(trace: ParsedTrace, lo: float, hi: float) -> dict:
     if table.empty:
         return {"kernel_count": 0, "kernel_us": 0.0, "conv_kernel_us": 0.0,
                 "median_kernel_us": None, "short_kernel_share": None}
-    inside = table[(table["ts_us"] >= lo) & (table["ts_us"] < hi)]
-    durations = inside["dur_us"]
-    return {"kernel_count": int(len(inside)), "kernel_us": _us(durations.sum()),
-            "conv_kernel_us": _us(durations[inside["category"] == "conv"].sum()),
-            "median_kernel_us": _us(durations.median()) if len(inside) else None,
-            "short_kernel_share": _share(int((durations < SHORT_KERNEL_US).sum()), len(inside))}
+    inside = [(dur, category) for start, dur, category in zip(
+        table["ts_us"].tolist(), table["dur_us"].tolist(), table["category"].tolist())
+        if lo <= start < hi]
+    durations = [dur for dur, _ in inside]
+    return {"kernel_count": len(inside), "kernel_us": _us(sum(durations)),
+            "conv_kernel_us": _us(sum(dur for dur, category in inside if category == "conv")),
+            "median_kernel_us": _us(statistics.median(durations)) if inside else None,
+            "short_kernel_share": _share(sum(1 for dur in durations if dur < SHORT_KERNEL_US),
+                                         len(inside))}
 
 
 def _gpu_window_figures(items, lo: float, hi: float) -> dict:
@@ -637,9 +638,6 @@ def _ms_text(us: float) -> str:
 
 
 def _pct_text(share: float) -> str:
-    # late: traces imports pandas (this module does too, through trace_parser)
-    from engine.analysis.traces import share_text
-
     return share_text(share, 1)
 
 

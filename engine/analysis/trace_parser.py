@@ -19,8 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import pandas as pd
-
+from engine.analysis.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.analysis.kernels import classify_kernel
 from engine.analysis.trace_reader import (
     FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge, _Copy,
@@ -31,8 +30,6 @@ from engine.hardware.gpus import compute_capability_from_name
 __all__ = ["MAX_TIME_US", "SPAN_PREFIXES", "TABLE_COLUMNS", "ParsedTrace", "TraceTooLarge",
            "load_kernel_table", "load_trace", "trace_device", "trace_metadata"]
 
-TABLE_COLUMNS = ("name", "dur_us", "ts_us", "stream", "device", "correlation", "external_id",
-                 "cpu_op", "category", "tensor_core", "dtype", "reason")
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,11 +252,6 @@ def _vendor(entry: dict, name: str | None, kernels: list[_Kernel]) -> str | None
 # ---------------------------------------------------------------------------------------
 # public: table
 
-def _empty_table() -> pd.DataFrame:
-    return pd.DataFrame({column: pd.Series(dtype="object") for column in TABLE_COLUMNS}).astype(
-        {"dur_us": "float64", "ts_us": "float64"})
-
-
 @dataclass
 class ParsedTrace:
     """One parse of a trace file: the classified kernel table plus what the time
@@ -268,7 +260,7 @@ class ParsedTrace:
     trace is not parsed twice."""
 
     source: str
-    table: pd.DataFrame
+    table: KernelTable
     copies: list = field(default_factory=list)      # _Copy
     spans: list = field(default_factory=list)       # _Span
     cpu_ops: list = field(default_factory=list)     # _CpuOp
@@ -326,35 +318,38 @@ def _distributed(info: Any) -> dict:
     return kept
 
 
-def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]) -> pd.DataFrame:
-    """One row per GPU kernel event, classified. Columns: TABLE_COLUMNS.
+def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]):
+    """One row per GPU kernel event, classified, as a pandas DataFrame. Columns:
+    TABLE_COLUMNS.
 
     `table.attrs` carries source, device (name), compute_capability, vendor, arch and the
     defect counts. Raises ValueError naming the file when it cannot be read or is not a
     profiler trace. Kernels whose time is missing, negative or impossible are left out (counted in
     attrs["bad_duration_events"]).
     """
-    return load_trace(path_or_fileobj).table
+    return load_trace(path_or_fileobj).table.to_pandas()
 
 
-def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> pd.DataFrame:
+def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> KernelTable:
     if not kernels:
-        return _empty_table()
+        return KernelTable()
     external_ids, cpu_ops = _attribute_kernels(kernels, launches, ops)
-    table = pd.DataFrame({
-        "name": [k[0] for k in kernels],
-        "dur_us": pd.Series([k[2] for k in kernels], dtype="float64"),
-        "ts_us": pd.Series([k[1] for k in kernels], dtype="float64"),
-        "stream": pd.array([k[7] for k in kernels], dtype="Int64"),
-        "device": pd.array([_int_or_none(k[8]) for k in kernels], dtype="Int64"),
-        "correlation": pd.array([_int_or_none(k[5]) for k in kernels], dtype="Int64"),
-        "external_id": pd.array([_int_or_none(x) for x in external_ids], dtype="Int64"),
-        "cpu_op": pd.Series(cpu_ops, dtype="object"),
-    })
-    verdicts = {name: classify_kernel(name) for name in table["name"].unique()}
+    names = [k[0] for k in kernels]
+    verdicts = {name: classify_kernel(name) for name in set(names)}
+    order = sorted(range(len(kernels)), key=lambda i: kernels[i][1])  # stable: by start
+    columns = {
+        "name": [names[i] for i in order],
+        "dur_us": [float(kernels[i][2]) for i in order],
+        "ts_us": [float(kernels[i][1]) for i in order],
+        "stream": [kernels[i][7] for i in order],
+        "device": [_int_or_none(kernels[i][8]) for i in order],
+        "correlation": [_int_or_none(kernels[i][5]) for i in order],
+        "external_id": [_int_or_none(external_ids[i]) for i in order],
+        "cpu_op": [cpu_ops[i] for i in order],
+    }
     for column in ("category", "tensor_core", "dtype", "reason"):
-        table[column] = table["name"].map({n: getattr(v, column) for n, v in verdicts.items()})
-    return table.sort_values("ts_us", kind="stable").reset_index(drop=True)
+        columns[column] = [getattr(verdicts[name], column) for name in columns["name"]]
+    return KernelTable(columns)
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -366,7 +361,7 @@ def _int_or_none(value: Any) -> int | None:
 
 def trace_metadata(path_or_fileobj: str | os.PathLike | IO[bytes]) -> dict:
     """{"source", "device", "compute_capability", "kernel_count"} of a trace file."""
-    table = load_kernel_table(path_or_fileobj)
+    table = load_trace(path_or_fileobj).table
     return {**table.attrs, "kernel_count": int(len(table))}
 
 

@@ -127,10 +127,9 @@ def _load(source: Any) -> ParsedTrace:
 def _communication_kernels(trace: ParsedTrace) -> list[tuple[str, float]]:
     """(name, dur_us) of the communication kernels, in start order."""
     table = trace.table
-    if table.empty:
-        return []
-    comm = table[table["category"] == "communication"]
-    return list(zip(comm["name"].tolist(), comm["dur_us"].tolist()))
+    return [(name, dur) for name, dur, category in zip(
+        table["name"].tolist(), table["dur_us"].tolist(), table["category"].tolist())
+        if category == "communication"]
 
 
 def _rank_row(label: str, trace: ParsedTrace) -> dict:

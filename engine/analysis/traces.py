@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
-import pandas as pd
-
 from engine.analysis.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES
-from engine.analysis.trace_parser import load_kernel_table
+from engine.analysis.kernel_table import KernelTable
+from engine.analysis.trace_parser import load_trace
 from engine.hardware.gpus import compute_capability_from_name
 
 UNATTRIBUTED_OP = "(unattributed)"
@@ -109,7 +108,7 @@ def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None  # pandas gives NaN for a missing dtype
 
 
-def kernel_groups(table: pd.DataFrame) -> list[KernelGroup]:
+def kernel_groups(table: KernelTable | Any) -> list[KernelGroup]:
     """One KernelGroup per (name, CPU op) in order of first appearance; durations summed
     with math.fsum (correctly rounded, whatever the order)."""
     if table.empty:
@@ -155,7 +154,7 @@ def _sum_us(groups: Any) -> float:
 
 # ---------------------------------------------------------------------------------------
 
-def breakdown(table: pd.DataFrame, device: str | None = None) -> dict:
+def breakdown(table: KernelTable | Any, device: str | None = None) -> dict:
     """JSON-serialisable summary of a kernel table: totals, Tensor-Core shares, categories,
     top kernels, per-op attribution, ops that could have used Tensor Cores, and a verdict."""
     device = device or table.attrs.get("device")
@@ -435,14 +434,14 @@ def share_text(share: float, digits: int = 0) -> str:
 # ---------------------------------------------------------------------------------------
 
 def analyze_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> dict:
-    """load_kernel_table + breakdown, plus the source: what `python -m engine kernels` prints."""
-    table = load_kernel_table(path_or_fileobj)
+    """The parsed kernel table's breakdown, plus the source and the defects."""
+    table = load_trace(path_or_fileobj).table
     result = {"source": table.attrs.get("source"), **breakdown(table)}
     result["malformed_events"] = table.attrs.get("malformed_events", 0)
     return result
 
 
-def kernel_summary_rows(table: pd.DataFrame) -> list[dict]:
+def kernel_summary_rows(table: KernelTable | Any) -> list[dict]:
     """One row per (kernel name, CPU op) with summed time, largest first (ties: first to
     run): the store's kernels table rows."""
     groups = kernel_groups(table)

@@ -64,7 +64,7 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
-    # pandas: only this command reads traces, so the CLI's start-up stays light
+    # late: only this command reads traces, so the CLI's start-up stays light
     from engine.analysis.explain import analyze, explain_diff, explain_runs
     from engine.analysis.whatif import run_projection  # late: as analyze, this command only
 
@@ -92,7 +92,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                              cpu_evidence=run.summary.get("cpu_evidence") if run else None)
             result["projection"] = run_projection(result, run)  # analysis.whatif
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
-        from engine.analysis.accounting import StepNotInTrace  # pandas: as analyze above
+        from engine.analysis.accounting import StepNotInTrace  # late: as analyze above
 
         flag = f"--step {args.step}: " if isinstance(exc, StepNotInTrace) else ""
         stderr.write(f"error: {flag}{_one_line(str(exc))}\n")
@@ -110,7 +110,7 @@ def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
     from pathlib import Path
 
-    # late: explain imports pandas and the store SQLite; only `kernels` needs either
+    # late: explain reads traces and the store SQLite; only `kernels` needs either
     from engine.analysis.explain import run_trace_path
 
     # late: opening the store only when an argument is not a file
@@ -181,7 +181,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     from pathlib import Path
 
-    # late: trace_sets reads traces (pandas); only a trace set needs it
+    # late: trace_sets reads traces; only a trace set needs it
     from engine.analysis.trace_sets import analyze_set, set_members
 
     try:
@@ -204,7 +204,7 @@ def _run_ranks(args: argparse.Namespace) -> list | None:
     if getattr(args, "trace_b", None) or getattr(args, "more", None) or Path(args.trace).exists() \
             or args.trace.lower().endswith((".json", ".gz", ".zip")):
         return None
-    # late: explain imports pandas and the store SQLite; only `kernels` needs either
+    # late: explain reads traces and the store SQLite; only `kernels` needs either
     from engine.analysis.explain import run_rank_traces
 
     _path, run, store = _target(args.trace)
@@ -258,7 +258,7 @@ def _ms(us: float | None) -> str:
 
 
 def _pct(share: float | None) -> str:
-    # late: traces imports pandas; by the time a report is formatted it is loaded
+    # late: the trace analysis, loaded by the time a report is formatted
     from engine.analysis.traces import share_text
 
     return "n/a" if share is None else share_text(share, 1)
@@ -367,14 +367,14 @@ def _ms_or_na(us: float | None) -> str:
 
 
 def _launch_lines(accounting: dict) -> list[str]:
-    # late: accounting imports pandas (via traces); loaded by the time a report is formatted
+    # late: the trace analysis, loaded by the time a report is formatted
     from engine.analysis.accounting import launch_words
 
     return launch_words(accounting)
 
 
 def _parts_lines(accounting: dict) -> list[str]:
-    # late: accounting imports pandas (via traces); loaded by the time a report is formatted
+    # late: the trace analysis, loaded by the time a report is formatted
     from engine.analysis.accounting import part_shares
 
     shares = part_shares(accounting)
@@ -414,7 +414,7 @@ def _side(letter: str, label: str) -> str:
 
 def format_diff(diff: dict) -> str:
     """B against A, part by part, with the Amdahl sentence first."""
-    # late: explain imports pandas; loaded by the time a diff is formatted
+    # late: the trace analysis, loaded by the time a diff is formatted
     from engine.analysis.explain import differs_words, speedup_text
 
     a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])

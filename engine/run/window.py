@@ -82,11 +82,11 @@ BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_lo
 
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
-    # pandas: only a GPU trace needs it, so a CPU trainer's start-up never pays for it
-    from engine.analysis.trace_parser import load_kernel_table
-    from engine.analysis.traces import breakdown, kernel_summary_rows  # pandas too
+    # late: only a GPU trace needs the trace analysis, so a CPU trainer never loads it
+    from engine.analysis.trace_parser import load_trace
+    from engine.analysis.traces import breakdown, kernel_summary_rows  # late: as above
 
-    table = load_kernel_table(trace_path)
+    table = load_trace(trace_path).table
     if table.empty:
         return {"profile_error": NO_KERNELS_ERROR}
     result = breakdown(table)  # the device named in the trace (table.attrs)
