@@ -23,21 +23,24 @@ _INT_COLUMNS = ("stream", "device", "correlation", "external_id")
 
 class Column(list):
     """One column's values; `tolist()` as a pandas Series has, so the analysis reads a
-    KernelTable and a DataFrame alike."""
+    KernelTable and a DataFrame alike. The table's own list, not a copy (300k kernels:
+    a copy per read cost more than the reading): callers only read it."""
 
     def tolist(self) -> list:
-        return list(self)
+        return self
 
 
 class KernelTable:
     """Rows of kernels in start order, stored as columns."""
 
     def __init__(self, columns: dict[str, list] | None = None, attrs: dict | None = None):
-        self._columns = {name: list((columns or {}).get(name, [])) for name in TABLE_COLUMNS}
+        self._columns = {name: Column((columns or {}).get(name, [])) for name in TABLE_COLUMNS}
         lengths = {len(values) for values in self._columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths: {sorted(lengths)}")
         self.attrs: dict[str, Any] = dict(attrs or {})
+        # derived once per table (kernel groups): the breakdown and the explanation both use them
+        self.memo: dict[str, Any] = {}
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -51,7 +54,7 @@ class KernelTable:
         return len(self) == 0
 
     def __getitem__(self, name: str) -> Column:
-        return Column(self._columns[name])
+        return self._columns[name]
 
     def rows(self, indices: Iterable[int]) -> "KernelTable":
         """The table of these rows (in the order given), with the same attrs."""

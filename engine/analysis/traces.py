@@ -113,6 +113,16 @@ def kernel_groups(table: KernelTable | Any) -> list[KernelGroup]:
     with math.fsum (correctly rounded, whatever the order)."""
     if table.empty:
         return []
+    memo = getattr(table, "memo", None)  # a KernelTable keeps its groups (a DataFrame does not)
+    if memo is not None and "groups" in memo:
+        return list(memo["groups"])
+    groups = _kernel_groups(table)
+    if memo is not None:
+        memo["groups"] = tuple(groups)
+    return groups
+
+
+def _kernel_groups(table: KernelTable | Any) -> list[KernelGroup]:
     durations: dict[tuple[str, str], list[float]] = {}
     first_row: dict[tuple[str, str], int] = {}
     for row, (name, op, dur) in enumerate(zip(table["name"].tolist(), table["cpu_op"].tolist(),
