@@ -400,7 +400,7 @@ def trace_set_report(result: dict) -> None:
     """One job's ranks side by side (engine.analysis.trace_sets)."""
     st.subheader("Ranks side by side")
     st.text(result["sentence"])
-    st.caption(f"Rank numbers from {result['rank_from']}. Idle in step: within the CPU-side "
+    st.caption(f"Rank numbers from {result['rank_from']}. Times per step. Idle in step: within the CPU-side "
                "profiler steps. Idle over GPU span: first to last kernel, the figure "
                "HolisticTraceAnalysis reports. Waiting: communication kernel time beyond the "
                "shortest rank's for the same collective (matched by order and name), time "
@@ -444,8 +444,11 @@ if source == "Upload one job's rank traces":
     if uploads:
         with tempfile.TemporaryDirectory(prefix="precision-lab-ranks-") as folder:
             saved = []
-            for upload in uploads:
-                target = Path(folder) / _safe_name(upload.name)
+            for index, upload in enumerate(uploads):
+                name = _safe_name(upload.name)
+                if any(Path(t).name == name for _, t in saved):  # two files of one name
+                    name = f"{index}-{name}"
+                target = Path(folder) / name
                 target.write_bytes(upload.getbuffer())
                 saved.append((upload.name, str(target)))
             try:
@@ -542,8 +545,12 @@ if not run.device_key.startswith("cuda") and trace_path.exists():
     projection_block(cpu_result, run)
 rank_traces = run_rank_traces(store, run)
 if rank_traces:
-    trace_set_report(analyze_rank_set(tuple((label, str(path)) for label, path in rank_traces),
-                                      max(path.stat().st_mtime_ns for _, path in rank_traces)))
+    try:
+        trace_set_report(analyze_rank_set(
+            tuple((label, str(path)) for label, path in rank_traces),
+            max(path.stat().st_mtime_ns for _, path in rank_traces)))
+    except (ValueError, OSError) as exc:  # a rank's trace unreadable: said, the page stays
+        st.error(plain(f"Ranks side by side: {exc}"))
 if trace_path.exists():
     others = [r for r in runs if r.id != run.id and (store.run_dir(r.id) / TRACE_FILENAME).exists()]
     other_id = st.selectbox("Compare with another run's window (B)", [None] + [r.id for r in others],

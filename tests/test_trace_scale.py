@@ -112,6 +112,64 @@ def test_events_kept_are_bounded_and_the_bound_is_named(tmp_path, monkeypatch):
     assert len(load_trace(path).table) == 5000
 
 
+def test_the_events_bound_holds_when_the_last_events_are_read_by_the_plain_decoder(
+        tmp_path, monkeypatch):
+    """A trace small enough to be read at its end (no piece cut) is bounded all the same,
+    and so is one the plain path reads."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "pid": 0, "tid": 7}
+    monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_EVENTS", "5")
+    small = _write(tmp_path / "small.json.gz", {"traceEvents": [kernel] * 50})
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"traceEvents": [0] + [kernel] * 50}))  # not all objects
+    for path in (small, odd):
+        with pytest.raises(TraceTooLarge, match="more than 5 kernel"):
+            load_trace(path)
+
+
+def test_json_as_python_writes_it_is_read_not_refused(tmp_path, monkeypatch):
+    """NaN / Infinity literals (json.dump's default) and a 400-digit number: the piece is
+    read, the bad times counted, no traceback."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 10, "dur": 2, "pid": 0, "tid": 7,
+              "args": {"correlation": 1}}
+    events = [dict(kernel, ts=10 + i) for i in range(2000)]
+    events[500]["dur"] = float("nan")
+    events[900]["dur"] = float("inf")
+    path = tmp_path / "python.json"
+    text = json.dumps({"traceEvents": events}).replace('"ts": 1500,', '"ts": ' + "9" * 400 + ",")
+    path.write_text(text)
+    monkeypatch.setattr(trace_reader, "_CHUNK", 8192)
+    monkeypatch.setattr(trace_reader, "_TAIL_GUARD", 512)
+    trace = load_trace(path)
+    assert len(trace.table) == 1997
+    assert trace.defects["missing_duration"] == 3
+
+
+def test_a_broken_zip_member_is_one_line_naming_it(tmp_path):
+    folder = make_four_ranks(tmp_path / "job")
+    archive = tmp_path / "job.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as handle:
+        for path in sorted(folder.iterdir()):
+            handle.write(path, path.name)
+    data = bytearray(archive.read_bytes())
+    offset = data.find(b"\x1f\x8b", data.find(b"rank-1.json.gz"))  # inside rank-1's bytes
+    data[offset + 200] ^= 0xFF  # its CRC no longer matches
+    archive.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as info:
+        analyze_set(set_members([archive]))
+    assert "rank-1.json.gz" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_identical_ranks_name_no_straggler(tmp_path):
+    for rank in (0, 1):
+        data = _events(RANK_SET / "rank-0.json.gz")
+        data["distributedInfo"] = {**data["distributedInfo"], "rank": rank}
+        _write(tmp_path / f"rank-{rank}.json.gz", data)
+    result = analyze_set(set_members([tmp_path]))
+    assert result["waited_for"]["clear"] is False
+    assert "no rank the others wait for" in result["sentence"]
+    assert "steps within 1 % of each other" in result["sentence"]
+
+
 def test_the_collector_is_back_on_after_a_read():
     import gc
 
@@ -203,11 +261,15 @@ def test_the_real_rank_set_gives_a_per_rank_table():
     result = analyze_set(set_members([RANK_SET]))
     assert result["rank_count"] == 2 and [row["rank"] for row in result["ranks"]] == [0, 1]
     assert result["rank_from"] == "the trace (distributedInfo)"
-    for row in result["ranks"]:
+    for row in result["ranks"]:  # every time per step, as the step time
         accounting = time_accounting(load_trace(RANK_SET / row["source"]))
+        steps = accounting["window"]["step_count"]
         assert row["step_time_us"] == accounting["step_time_us"]
-        assert row["communication_us"] == accounting["communication_us"]
-        assert row["exposed_communication_us"] == accounting["exposed_communication_us"]
+        assert row["communication_us"] == pytest.approx(accounting["communication_us"] / steps,
+                                                        abs=0.001)
+        assert row["exposed_communication_us"] == pytest.approx(
+            accounting["exposed_communication_us"] / steps, abs=0.001)
+        assert row["busy_us"] == pytest.approx(accounting["busy_us"] / steps, abs=0.001)
     assert result["slowest"]["rank"] == max(result["ranks"],
                                             key=lambda r: r["step_time_us"])["rank"]
     assert result["collectives_matched"] > 0

@@ -446,6 +446,7 @@ def gpu_accounting(trace: ParsedTrace, step: int | None = None) -> dict:
     count = window["step_count"]
     return {
         "kind": "gpu",
+        "chosen_step": step,  # None: the whole window
         "window": {k: (_us(v) if k.endswith("_us") else v) for k, v in window.items()
                    if k != "steps"},
         "step_time_us": _us(window_us / count) if count else None,
@@ -647,8 +648,10 @@ def launch_words(accounting: dict) -> list[str]:
     window leaves out or counts from elsewhere."""
     words = []
     span = accounting.get("gpu_span")
+    # with one step chosen, these two still cover the whole trace: said so
+    whole = " in the whole trace" if accounting.get("chosen_step") is not None else ""
     if span and span.get("gpu_span_us"):
-        words.append(f"Over the GPU's own span (first to last kernel or copy, the window "
+        words.append(f"Over the GPU's own span{whole} (first to last kernel or copy, the window "
                      f"HolisticTraceAnalysis reports): {_ms_text(span['gpu_span_us'])}, busy "
                      f"{_ms_text(span['busy_us'])}, idle "
                      f"{_pct_text(span['idle_in_gpu_span_share'])}.")
@@ -665,7 +668,7 @@ def launch_words(accounting: dict) -> list[str]:
             parts.append(f"{_ms_text(unlaunched['busy_us'])} "
                          f"({_pct_text(unlaunched['share_of_gpu_busy'] or 0.0)}) has no launch "
                          "event in the trace (launched before the profiler started)")
-        words.append("By the step that launched it: " + "; ".join(parts) + ". A step's "
+        words.append(f"By the step that launched it{whole}: " + "; ".join(parts) + ". A step's "
                      "'launched' figures count its work in full, however late the GPU ran it.")
     return words
 

@@ -23,8 +23,8 @@ from engine.analysis.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.analysis.kernels import classify_kernel
 from engine.analysis.trace_reader import (
     FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge, _Copy,
-    _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes, open_source,
-    read_all, stream_events, too_large)
+    _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes,
+    max_trace_events, open_source, read_all, stream_events, too_large, too_many_events)
 from engine.hardware.gpus import compute_capability_from_name
 
 __all__ = ["MAX_TIME_US", "SPAN_PREFIXES", "TABLE_COLUMNS", "ParsedTrace", "TraceTooLarge",
@@ -128,6 +128,8 @@ def _kept(events: list, source: str) -> Kept:
         raise _no_events(source)
     kept = Kept()
     kept.add_mixed([event for event in events if isinstance(event, tuple)])
+    if kept.size() > max_trace_events():  # the same bound as the streaming reader's
+        raise too_many_events(source, max_trace_events())
     return kept
 
 
@@ -355,7 +357,7 @@ def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> K
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float inf
         return None
 
 

@@ -104,16 +104,17 @@ def _time(value: Any) -> float | None:
         return None
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a 400-digit integer
         return None
     return number if math.isfinite(number) and abs(number) <= MAX_TIME_US else None
 
 
 def _number(value: Any) -> float:
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 @functools.lru_cache(maxsize=1024)
@@ -128,7 +129,7 @@ def _stream(stream: Any, tid: Any) -> int | None:
         stream = _stream_of_tid(tid)  # a trace has a handful of tids and 300k kernels
     try:
         return int(stream) if stream is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: "stream": Infinity
         return None
 
 
@@ -257,7 +258,7 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
     (tests compare both paths on every fixture), without the per-field type checks, each
     appended to its kind's list in `kept`."""
     kernels, launches, ops = kept.kernels.append, kept.launches.append, kept.cpu_ops.append
-    defects = kept.defects
+    defects, ids = kept.defects, kept.ids
     for event in events:
         category = event.cat
         if category not in KEPT_CATEGORIES:
@@ -266,12 +267,21 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
         name, ts, dur = event.name, event.ts, event.dur
         # one object per distinct pid / tid (a trace has a few; each decoded value is a new
         # int or str, 30-60 bytes on every one of a million kept events)
-        pid, tid = names.setdefault(event.pid, event.pid), names.setdefault(event.tid, event.tid)
+        pid, tid = ids.setdefault(event.pid, event.pid), ids.setdefault(event.tid, event.tid)
+        if name:
+            known = names.get(name)
+            if known is None:  # a new name: counted against the bound on names' text
+                names[name] = name
+                kept.name_chars += len(name)
+            else:
+                name = known
+        else:
+            name = ""
         if category in LAUNCH_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
             launches(_Launch((args.correlation, external, ts if ts is not None else 0.0,
-                            pid, tid, names.setdefault(name, name) if name else "",
+                            pid, tid, name,
                             dur if _ok_time(dur) and dur >= 0 else 0.0)))
             continue
         if category in ANNOTATION_EVENT_CATEGORIES and not (
@@ -286,7 +296,6 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
             defects["negative_duration" if _ok_time(dur) and dur < 0
                     else "missing_duration"] += 1
             continue
-        name = names.setdefault(name, name) if name else ""
         if category in KERNEL_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
@@ -319,6 +328,9 @@ DEFAULT_MAX_TRACE_MIB = 16384
 DEFAULT_MAX_TRACE_EVENTS = 4_000_000
 # One event's text: the largest real ones are a few kB (a CPU op with its input shapes).
 MAX_EVENT_MIB = 64
+# The distinct names kept (kernel, op and runtime-call names; the longest real kernel name
+# here is 5 kB, a trace's distinct names a few MiB).
+MAX_NAME_MIB = 256
 # The plain path holds the whole text: it reads only what the fast path could not.
 FALLBACK_MAX_MIB = 512
 _CHUNK = 16 << 20
@@ -505,43 +517,57 @@ def _members(text: str, index: int, stop_at_events: bool) -> tuple[dict, int]:
             raise ValueError("incomplete")
 
 
+_BOUNDARY_AFTER = re.compile(rb"[ \t\r\n]*,[ \t\r\n]*\{")
+
+
 def _last_boundary(buffer: bytearray, before: int, length: int) -> int:
     """Index just past the last "}" before `before` that is followed by "," and then "{"
-    (the end of an event that has another after it) within buffer[:length], or -1."""
+    (the end of an event that has another after it) within buffer[:length], or -1. The
+    whitespace between is matched in C: a byte-by-byte walk over a crafted stretch of
+    spaces would take minutes."""
     end = before
     while True:
         close = buffer.rfind(b"}", 0, end)
         if close < 0:
             return -1
-        after = close + 1
-        while after < length and buffer[after] in _WHITESPACE:
-            after += 1
-        if after < length and buffer[after] == 0x2C:  # ","
-            after += 1
-            while after < length and buffer[after] in _WHITESPACE:
-                after += 1
-            if after < length and buffer[after] == 0x7B:  # "{"
-                return close + 1
+        if _BOUNDARY_AFTER.match(buffer, close + 1, length):
+            return close + 1
         end = close
 
 
 def _decode_piece(piece: Any, names: dict, kept: Kept) -> int:
     """The events of one piece "[{...}, ..., {...}]" (bytes-like) into `kept`; -> how many
-    events the piece held."""
+    events the piece held. msgspec.DecodeError: not JSON here (a false boundary)."""
     try:
         events = _EVENTS.decode(piece)
     except msgspec.ValidationError:
-        try:  # a field of an odd shape: decode as plain objects and judge each
-            objects = msgspec.json.decode(piece)
-        except msgspec.DecodeError:
-            raise _Fallback from None
-        if not all(isinstance(obj, dict) for obj in objects):
-            raise _Fallback from None
-        kept.add_mixed([item for item in map(compact_dict, objects)
-                        if item is not None and not isinstance(item, dict)])
-        return len(objects)
+        # a field of an odd shape: decode as plain objects and judge each
+        return _judged_one_by_one(_plain_objects(piece, msgspec.json.decode), kept)
+    except msgspec.DecodeError as exc:
+        # JSON as Python's json module writes it (NaN, Infinity) is no false boundary
+        try:
+            objects = _plain_objects(piece, lambda text: json.loads(bytes(text)))
+        except (ValueError, RecursionError):
+            raise exc from None
+        return _judged_one_by_one(objects, kept)
     _kept_from_structs(events, names, kept)
     return len(events)
+
+
+def _plain_objects(piece: Any, decode: Any) -> list[dict]:
+    try:
+        objects = decode(piece)
+    except msgspec.DecodeError:
+        raise _Fallback from None
+    if not isinstance(objects, list) or not all(isinstance(obj, dict) for obj in objects):
+        raise _Fallback  # not a list of event objects: the plain path says what it is
+    return objects
+
+
+def _judged_one_by_one(objects: list[dict], kept: "Kept") -> int:
+    kept.add_mixed([item for item in map(compact_dict, objects)
+                    if item is not None and not isinstance(item, dict)])
+    return len(objects)
 
 
 @dataclass
@@ -556,6 +582,10 @@ class Kept:
     spans: list = field(default_factory=list)      # _Span
     defects: dict = field(default_factory=lambda: {
         "malformed_events": 0, "negative_duration": 0, "missing_duration": 0})
+    # the distinct names' text (bounded: memory follows it too) and the pid/tid values,
+    # each kept once; not part of what two readings are compared by
+    name_chars: int = field(default=0, compare=False)
+    ids: dict = field(default_factory=dict, compare=False, repr=False)
 
     def size(self) -> int:
         return len(self.kernels) + len(self.launches) + len(self.cpu_ops) + \
@@ -584,11 +614,19 @@ class _Reading:
 
     def add(self, count: int) -> None:
         self.event_count += count
-        if self.kept.size() > self.max_events:
+        if self.kept.name_chars > MAX_NAME_MIB * 2**20:
             raise TraceTooLarge(
-                f"{self.text.source}: more than {self.max_events:,} kernel, launch and CPU-op "
-                f"events, the limit kept from a trace; set {MAX_EVENTS_ENV} to raise it "
-                "(about 250 bytes of memory each) or profile fewer steps")
+                f"{self.text.source}: more than {MAX_NAME_MIB} MiB of distinct kernel and op "
+                "names, the limit kept from a trace (real traces have a few MiB): not a "
+                "profiler trace this reader keeps")
+        if self.kept.size() > self.max_events:
+            raise too_many_events(self.text.source, self.max_events)
+
+
+def too_many_events(source: str, limit: int) -> TraceTooLarge:
+    return TraceTooLarge(f"{source}: more than {limit:,} kernel, launch and CPU-op events, "
+                         f"the limit kept from a trace; set {MAX_EVENTS_ENV} to raise it "
+                         "(about 250 bytes of memory each) or profile fewer steps")
 
 
 def _head(text: _Text) -> tuple[bytes, dict | None]:
@@ -649,6 +687,8 @@ def _tail(reading: _Reading, buffer: bytes, is_object: bool) -> dict:
         if decoded[index:index + 1] == ",":
             index += 1
         members, index = _members(decoded, index, stop_at_events=False)
+    except TraceTooLarge:
+        raise  # a bound, not an odd document: the plain path must not read it instead
     except (ValueError, IndexError, RecursionError):
         raise _Fallback from None
     if _skip(decoded, index + 1) != len(decoded):

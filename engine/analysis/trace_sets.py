@@ -8,9 +8,13 @@ alone (engine.analysis.accounting); across ranks this module adds:
 - the slowest rank by step time, and by how much it is above the median rank;
 - waiting in collectives: a collective ends on every rank together, so the i-th
   communication kernel of a rank running longer than the shortest rank's i-th is time that
-  rank spent waiting for the others (the straggler is the rank that waits least). The
-  kernels are matched by order and name; where the ranks' sequences stop agreeing the
-  matching stops, and the result says how many were matched.
+  rank spent waiting for the others; a rank that waits clearly less than the others tends
+  to arrive last (named only when the gap is at least CLEAR_WAIT_GAP of the communication
+  time). The kernels in each rank's window are matched by order and name; where the
+  ranks' sequences stop agreeing the matching stops, and the result says how many were
+  matched (collectives of one name throughout, as DDP's buckets, are matched by order
+  alone: a window that starts one collective late on one rank is not detected).
+- every time in a rank's row is per step (the window over its step count).
 """
 
 from __future__ import annotations
@@ -46,19 +50,26 @@ def set_members(paths: list[Path]) -> list[tuple[str, Any]]:
         if not path.exists():
             raise ValueError(f"{path}: no such file or folder; give rank traces (.json or "
                              ".json.gz), a folder of them or a zip")
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
-            if not found:
-                raise ValueError(f"{path}: no trace files in this folder (.json or .json.gz)")
-            members += [(p.name, p) for p in found]
-        elif zipfile.is_zipfile(path):
-            members += _zip_members(path)
-        else:
-            members.append((path.name, path))
+        try:
+            members += _members_of(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ValueError(f"{path}: cannot read it ({exc}); give rank traces (.json or "
+                             ".json.gz), a folder of them or a zip") from None
     if len(members) > MAX_RANKS:
         raise ValueError(f"{len(members)} traces: more than {MAX_RANKS}, the most one trace set "
                          "shows; pass the ranks of one job")
     return members
+
+
+def _members_of(path: Path) -> list[tuple[str, Any]]:
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+        if not found:
+            raise ValueError(f"{path}: no trace files in this folder (.json or .json.gz)")
+        return [(p.name, p) for p in found]
+    if zipfile.is_zipfile(path):
+        return _zip_members(path)
+    return [(path.name, path)]
 
 
 def _zip_members(path: Path) -> list[tuple[str, Any]]:
@@ -111,31 +122,50 @@ class _NamedZipStream:
         self._archive.close()
 
 
+# What a zip or a folder can raise that is the file's fault, not the code's: a bad CRC or
+# a truncated archive, an encrypted member, a compression method zipfile lacks.
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, NotImplementedError,
+                   OSError, EOFError)
+
+
 def _load(source: Any) -> ParsedTrace:
-    if isinstance(source, _ZipMember):
+    if not isinstance(source, _ZipMember):
+        return load_trace(source)
+    try:
         stream = source.open()
         try:
             return load_trace(stream)
         finally:
             stream.close()
-    return load_trace(source)
+    except ValueError:
+        raise  # the reader's own message, naming archive:member
+    except _ARCHIVE_ERRORS as exc:
+        raise ValueError(f"{source}: cannot read this member of the zip ({exc}); zip the "
+                         "traces again without encryption (deflate or stored)") from None
 
 
 # ---------------------------------------------------------------------------------------
 # one rank
 
-def _communication_kernels(trace: ParsedTrace) -> list[tuple[str, float]]:
-    """(name, dur_us) of the communication kernels, in start order."""
-    table = trace.table
-    return [(name, dur) for name, dur, category in zip(
-        table["name"].tolist(), table["dur_us"].tolist(), table["category"].tolist())
-        if category == "communication"]
+def _communication_kernels(trace: ParsedTrace, window: dict) -> list[tuple[str, float]]:
+    """(name, dur_us) of the communication kernels that start in the window, in order."""
+    table, lo, hi = trace.table, window["start_us"], window["end_us"]
+    return [(name, dur) for name, start, dur, category in zip(
+        table["name"].tolist(), table["ts_us"].tolist(), table["dur_us"].tolist(),
+        table["category"].tolist()) if category == "communication" and lo <= start < hi]
+
+
+def _per_step(us: float | None, steps: int) -> float | None:
+    return None if us is None else round(us / max(1, steps), 3)
 
 
 def _rank_row(label: str, trace: ParsedTrace) -> dict:
+    """One rank's figures, every time per step (the window over its step count), as the
+    step time is: a row reads across in one unit."""
     accounting = time_accounting(trace)
     gpu = accounting["kind"] == "gpu"
     span = accounting.get("gpu_span") or {}
+    steps = accounting["window"]["step_count"]
     communication = accounting.get("communication_us") if gpu else \
         accounting["parts_us"].get("communication")
     return {
@@ -144,16 +174,16 @@ def _rank_row(label: str, trace: ParsedTrace) -> dict:
         "world_size": trace.distributed.get("world_size"),
         "kind": accounting["kind"],
         "device": trace.table.attrs.get("device"),
-        "step_count": accounting["window"]["step_count"],
+        "step_count": steps,
         "step_time_us": accounting["step_time_us"],
-        "busy_us": accounting["busy_us"],
+        "busy_us": _per_step(accounting["busy_us"], steps),
         "busy_share": accounting["busy_share"],
         "idle_share": accounting["idle_share"],
         "idle_in_gpu_span_share": span.get("idle_in_gpu_span_share"),
-        "communication_us": communication,
-        "exposed_communication_us": accounting.get("exposed_communication_us") if gpu
-        else communication,
-        "_comm": _communication_kernels(trace),
+        "communication_us": _per_step(communication, steps),
+        "exposed_communication_us": _per_step(
+            accounting.get("exposed_communication_us") if gpu else communication, steps),
+        "_comm": _communication_kernels(trace, accounting["window"]),
     }
 
 
@@ -207,9 +237,10 @@ def _waiting(rows: list[dict]) -> dict:
         matched += 1
     counts = sorted({len(seq) for seq in sequences})
     for row, wait in zip(rows, waits):
-        row["waiting_us"] = round(wait, 3) if matched else None
+        row["waiting_us"] = _per_step(wait, row["step_count"]) if matched else None
         comm = row.get("communication_us")
-        row["waiting_share_of_communication"] = round(wait / comm, 8) if matched and comm else None
+        row["waiting_share_of_communication"] = (
+            round(row["waiting_us"] / comm, 8) if matched and comm else None)
     reason = None
     if matched < max(counts):
         reason = (f"{matched} of {max(counts)} collectives matched: the ranks' communication "
@@ -233,15 +264,27 @@ def _slowest(rows: list[dict]) -> dict | None:
             "fastest_rank": fastest["rank"], "fastest_step_time_us": fastest["step_time_us"]}
 
 
+# Below this excess over the median rank the steps are said to be even (the slowest is
+# still named: a figure, not a verdict).
+EVEN_STEPS = 0.01
+# The least-waiting rank is named only when it waits clearly less than the others: by at
+# least this share of the median rank's communication time per step.
+CLEAR_WAIT_GAP = 0.10
+
+
 def _waited_for(rows: list[dict]) -> dict | None:
-    """The rank the others waited for: the one with the least waiting in collectives."""
+    """The rank the others waited for: the one that waits least in collectives, when it
+    waits clearly less (else the waits are comparable: no straggler to name)."""
     waited = [row for row in rows if row.get("waiting_us") is not None]
     if len(waited) < 2:
         return None
     least = min(waited, key=lambda row: row["waiting_us"])
     others = [row["waiting_us"] for row in waited if row is not least]
+    median_comm = statistics.median(row.get("communication_us") or 0.0 for row in waited)
+    gap = statistics.median(others) - least["waiting_us"]
     return {"rank": least["rank"], "waiting_us": least["waiting_us"],
-            "others_median_waiting_us": round(statistics.median(others), 3)}
+            "others_median_waiting_us": round(statistics.median(others), 3),
+            "clear": bool(median_comm) and gap >= CLEAR_WAIT_GAP * median_comm}
 
 
 def set_sentence(result: dict) -> str:
@@ -249,15 +292,22 @@ def set_sentence(result: dict) -> str:
     parts = [f"{result['rank_count']} rank traces"]
     slowest = result.get("slowest")
     if slowest:
-        parts.append(f"slowest rank {slowest['rank']}: {slowest['step_time_us'] / 1000:.2f} ms "
-                     f"per step, {slowest['above_median_share'] * 100:.1f} % above the median "
-                     f"rank ({slowest['median_step_time_us'] / 1000:.2f} ms)")
+        above = slowest["above_median_share"] or 0.0
+        parts.append(("" if above >= EVEN_STEPS else "steps within 1 % of each other, ")
+                     + f"slowest rank {slowest['rank']}: {slowest['step_time_us'] / 1000:.2f} ms "
+                     f"per step, {above * 100:.1f} % above the median rank "
+                     f"({slowest['median_step_time_us'] / 1000:.2f} ms)")
     waited = result.get("waited_for")
-    if waited:
-        parts.append(f"rank {waited['rank']} waited least in collectives "
-                     f"({waited['waiting_us'] / 1000:.2f} ms, the others' median "
-                     f"{waited['others_median_waiting_us'] / 1000:.2f} ms): it arrives last, "
-                     "the others wait for it")
+    if waited and waited["clear"]:
+        parts.append(f"rank {waited['rank']} waits least in collectives "
+                     f"({waited['waiting_us'] / 1000:.2f} ms per step, the others' median "
+                     f"{waited['others_median_waiting_us'] / 1000:.2f} ms): it tends to arrive "
+                     "last, the others wait for it")
+    elif waited:
+        parts.append(f"the ranks wait comparably in collectives (least "
+                     f"{waited['waiting_us'] / 1000:.2f} ms per step, the others' median "
+                     f"{waited['others_median_waiting_us'] / 1000:.2f} ms): no rank the others "
+                     "wait for")
     return "; ".join(parts)
 
 

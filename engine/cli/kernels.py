@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from engine.analysis.kernels import classify_kernel
@@ -108,8 +109,6 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
 
 def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
-    from pathlib import Path
-
     # late: explain reads traces and the store SQLite; only `kernels` needs either
     from engine.analysis.explain import run_trace_path
 
@@ -138,8 +137,6 @@ def _set_paths(args: argparse.Namespace) -> list[str]:
 
 def _is_set(args: argparse.Namespace) -> bool:
     """A trace set: --set, three traces or more, or a folder or zip as TRACE."""
-    from pathlib import Path
-
     first = Path(args.trace)
     return bool(getattr(args, "trace_set", False) or getattr(args, "more", None)
                 or first.is_dir() or args.trace.lower().endswith(".zip"))
@@ -179,8 +176,6 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    from pathlib import Path
-
     # late: trace_sets reads traces; only a trace set needs it
     from engine.analysis.trace_sets import analyze_set, set_members
 
@@ -199,8 +194,6 @@ def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
 
 def _run_ranks(args: argparse.Namespace) -> list | None:
     """A run id given alone with --set: its ranks' traces (each rank profiles the window)."""
-    from pathlib import Path
-
     if getattr(args, "trace_b", None) or getattr(args, "more", None) or Path(args.trace).exists() \
             or args.trace.lower().endswith((".json", ".gz", ".zip")):
         return None
@@ -227,10 +220,10 @@ def format_trace_set(result: dict) -> str:
             f"{_pct(row['idle_share']):>10}{_pct(row['idle_in_gpu_span_share']):>9}"
             f"{_ms(row['communication_us']):>10}{_ms(row['exposed_communication_us']):>11}"
             f"{_ms(row['waiting_us']) if row.get('waiting_us') is not None else 'n/a':>9}")
-    lines += ["", "idle_step: idle within the CPU-side steps; idle_gpu: idle over the GPU's own "
-              "span (first to last kernel, as HolisticTraceAnalysis reports it); wait_ms: "
-              "communication kernel time beyond the shortest rank's for the same collective "
-              "(waiting for the other ranks)"]
+    lines += ["", "Times per step. idle_step: idle within the CPU-side steps; idle_gpu: idle over "
+              "the GPU's own span (first to last kernel, as HolisticTraceAnalysis reports it); "
+              "wait_ms: communication kernel time beyond the shortest rank's for the same "
+              "collective (waiting for the other ranks)"]
     if result.get("collectives_note"):
         lines.append(result["collectives_note"])
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import math
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -350,8 +351,12 @@ class ProfilerWindow:
         plain = self.run_dir / (self.trace_name.removesuffix(".gz") + ".tmp")
         prof.export_chrome_trace(str(plain))
         self.trace_path = self.run_dir / self.trace_name
-        with open(plain, "rb") as src, gzip.open(self.trace_path, "wb", compresslevel=5) as dst:
+        # written whole, then renamed: a page reading the run's traces meanwhile never
+        # sees half a file
+        partial = self.run_dir / (self.trace_name + ".partial")
+        with open(plain, "rb") as src, gzip.open(partial, "wb", compresslevel=5) as dst:
             shutil.copyfileobj(src, dst)
+        os.replace(partial, self.trace_path)
         plain.unlink()
         return True
 
