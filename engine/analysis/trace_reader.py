@@ -5,13 +5,14 @@ A Kineto trace is one JSON object whose "traceEvents" list holds every event; re
 reader never holds the text: it decompresses in chunks, cuts the event list at event
 boundaries and decodes each piece with msgspec into structs of only the fields the analysis
 reads (unknown fields are skipped inside msgspec's C decoder, no dict is built for them).
-What is kept is a small tuple per kernel / launch / CPU op / copy / span, so memory follows
-the events kept, not the text. Why msgspec: docs/architecture.md#trace-reading.
+What is kept is a small tuple per kernel / launch / CPU op / copy / span (each distinct name
+once), so memory follows the events kept and their distinct names, not the text. Why
+msgspec: docs/architecture.md (trace reading).
 
-Bounds, each named in its refusal: the events kept (PRECISION_LAB_MAX_TRACE_EVENTS), one
-event's text (MAX_EVENT_MIB: a 2 GiB string or a bomb of spaces stops there) and the
-decompressed text read (PRECISION_LAB_MAX_TRACE_MIB: the time a gzip bomb of dropped events
-could take).
+Bounds, each named in its refusal: the events kept (PRECISION_LAB_MAX_TRACE_EVENTS), the
+distinct names' text (MAX_NAME_MIB), one event's text (MAX_EVENT_MIB: a 2 GiB string or a
+bomb of spaces stops there) and the decompressed text read (PRECISION_LAB_MAX_TRACE_MIB:
+the time a gzip bomb of dropped events could take).
 
 Anything the fast path does not expect (a value of the wrong shape, a document that is not
 a Kineto object) is read again by the plain json path below, which gives the precise
