@@ -23,6 +23,7 @@ import functools
 import re
 import statistics
 from collections import defaultdict
+from operator import itemgetter
 from typing import Any
 
 from engine.analysis.trace_parser import SPAN_PREFIXES, ParsedTrace, load_trace
@@ -134,20 +135,19 @@ class _Activities:
     trace has 200 steps and 300k kernels)."""
 
     def __init__(self, trace: ParsedTrace):
-        rows = []
         table = trace.table
-        if not table.empty:
-            for start, dur, category, correlation in zip(
+        kinds = {category: (_KERNEL_PARTS.get(category, "other"),
+                            _COMM if _KERNEL_PARTS.get(category) == "communication" else _COMPUTE)
+                 for category in set(table["category"].tolist())}
+        # comprehensions, not a loop of appends: this runs once per kernel (300k per GiB)
+        rows = [(start, start + dur) + kinds[category]
+                + (correlation if isinstance(correlation, int) else None,)
+                for start, dur, category, correlation in zip(
                     table["ts_us"].tolist(), table["dur_us"].tolist(),
-                    table["category"].tolist(), table["correlation"].tolist()):
-                part = _KERNEL_PARTS.get(category, "other")
-                rows.append((start, start + dur, part,
-                             _COMM if part == "communication" else _COMPUTE,
-                             correlation if isinstance(correlation, int) else None))
-        for copy in trace.copies:
-            rows.append((copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE,
-                         _as_id(copy[7]) if len(copy) > 7 else None))
-        rows.sort(key=lambda row: row[0])
+                    table["category"].tolist(), table["correlation"].tolist())]
+        rows += [(copy[1], copy[1] + copy[2], "copies", _COPY_ENGINE,
+                  _as_id(copy[7]) if len(copy) > 7 else None) for copy in trace.copies]
+        rows.sort(key=itemgetter(0))  # kernels come sorted: the copies are merged in
         self.items = [row[:4] for row in rows]
         self.correlations = [row[4] for row in rows]
         self.starts = [row[0] for row in rows]

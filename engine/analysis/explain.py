@@ -23,6 +23,7 @@ from engine.analysis.accounting import (
 from engine.analysis.bound import bound_by, busy_headline
 from engine.analysis.kernels import MATRIX_CATEGORIES
 from engine.analysis.trace_parser import ParsedTrace, load_trace
+from engine.analysis.trace_reader import collector_paused
 from engine.analysis.traces import (
     UNATTRIBUTED_OP,
     breakdown,
@@ -56,7 +57,12 @@ def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = No
     "idle_share", "copy_us", "overlap_us", "streams", "steps", "trace_defects", and
     "breakdown_scope" (which kernels the Tensor-Core figures cover: every kernel in the
     trace, or those of the chosen step)."""
-    parsed = _parsed(trace)
+    with collector_paused():  # a big trace's analysis (see trace_reader.collector_paused)
+        return _analyze(_parsed(trace), step, data_wait_ms, cpu_evidence)
+
+
+def _analyze(parsed: ParsedTrace, step: int | None, data_wait_ms: float | None,
+             cpu_evidence: dict | None) -> dict:
     accounting = time_accounting(parsed, step=step, cpu_evidence=cpu_evidence)
     if step is None or not parsed.is_gpu:
         table, scope = parsed.table, "every kernel in the trace"

@@ -23,6 +23,7 @@ from engine.analysis.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.analysis.kernels import classify_kernel
 from engine.analysis.trace_reader import (
     FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge, _Copy,
+    collector_paused,
     _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes,
     max_trace_events, open_source, read_all, stream_events, too_large, too_many_events)
 from engine.hardware.gpus import compute_capability_from_name
@@ -279,6 +280,11 @@ class ParsedTrace:
 def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     """Parse a trace once. Raises ValueError naming the file when it cannot be read or is
     not a profiler trace."""
+    with collector_paused():  # see trace_reader.collector_paused
+        return _load_trace(path_or_fileobj)
+
+
+def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     kept, event_count, members = _parse_trace(path_or_fileobj)
     source = _source_name(path_or_fileobj)
     properties = members.get("deviceProperties")

@@ -21,6 +21,7 @@ error messages, under the smaller FALLBACK_MAX_MIB bound.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import gzip
@@ -31,7 +32,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 import msgspec
 
@@ -705,12 +706,20 @@ _TAIL_GUARD = 1 << 20
 def stream_events(handle: IO[bytes], source: str) -> tuple["Kept", int, dict]:
     """-> (what is kept, events read, top-level members other than traceEvents).
     Raises _Fallback for what the plain path should read, TraceTooLarge past a bound."""
-    # The collector off while millions of short-lived objects are made: its passes over
-    # them took as long as the decoding (nothing made here holds a cycle). Restored after.
+    with collector_paused():
+        return _stream_events(handle, source)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a trace is read and analysed: a trace keeps
+    millions of small tuples, and each full pass of the collector over them took as long
+    as the work it interrupted (0.4 s a pass on 1 GiB). Nothing made there holds a cycle;
+    refcounting frees it all as usual. Nested uses restore what the outermost found."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _stream_events(handle, source)
+        yield
     finally:
         if was_enabled:
             gc.enable()

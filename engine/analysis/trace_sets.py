@@ -28,6 +28,7 @@ from typing import IO, Any, Iterator
 
 from engine.analysis.accounting import time_accounting
 from engine.analysis.trace_parser import ParsedTrace, load_trace
+from engine.analysis.trace_reader import collector_paused
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
 # A job's ranks read one after another; more than this is a mistake, not a job to show.
@@ -313,7 +314,8 @@ def set_sentence(result: dict) -> str:
 
 def iter_ranks(members: list[tuple[str, Any]]) -> Iterator[dict]:
     for label, source in members:
-        yield _rank_row(label, _load(source))
+        with collector_paused():  # one rank's trace at a time (trace_reader.collector_paused)
+            yield _rank_row(label, _load(source))
 
 
 def analyze_set(members: list[tuple[str, Any]]) -> dict:
