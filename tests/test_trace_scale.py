@@ -360,4 +360,30 @@ def test_engine_kernels_on_a_folder_prints_the_rank_table(tmp_path):
                           text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     assert "slowest rank 2" in text.stdout and "rank-3.json.gz" in text.stdout
+    real = subprocess.run([sys.executable, "-m", "engine", "kernels", str(RANK_SET), "--json"],
+                          cwd=str(REPO_ROOT), env=cli_env(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert real.returncode == 0, real.stderr
+    real_set = json.loads(real.stdout)["trace_set"]
+    assert [row["rank"] for row in real_set["ranks"]] == [0, 1]
+    assert real_set["slowest"]["rank"] == 1  # 619.3 ms per step against rank 0's 615.1 ms
     shutil.rmtree(folder)
+
+
+@pytest.mark.slow
+def test_engine_kernels_imports_no_pandas_numpy_or_torch(tmp_path):
+    """The CLI's start-up costs what it uses: a trace's analysis needs none of them."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, cli_env
+
+    probe = ("import io, sys, contextlib\n"
+             "from engine.cli.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    code = main(['kernels', sys.argv[1], '--json'])\n"
+             "print(code, sorted(m for m in ('pandas', 'numpy', 'torch') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", probe, str(TRACES / "gp100_pascal_hta.json.gz")],
+                            cwd=str(REPO_ROOT), env=cli_env(tmp_path), capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.split() == ["0", "[]"], result.stdout + result.stderr
