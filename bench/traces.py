@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -157,9 +156,10 @@ def _hta_process(path: Path, workdir: Path) -> dict | str:
     folder = workdir / f"hta-{path.name.split('.')[0]}"
     folder.mkdir(exist_ok=True)
     target = folder / path.name
-    if not target.exists():
-        os.link(path, target) if path.stat().st_dev == folder.stat().st_dev \
-            else shutil.copy(path, target)
+    if not target.exists() and path.stat().st_dev == folder.stat().st_dev:
+        os.link(path, target)  # the 1 GiB trace is not copied
+    elif not target.exists():
+        shutil.copy(path, target)
     measured = _process([sys.executable, "-c", _HTA_WHOLE, str(folder)], HTA_ADDRESS_LIMIT)
     if measured["rc"] != 0:
         reason = (measured["stderr"].strip().splitlines() or ["no message"])[-1][:160]

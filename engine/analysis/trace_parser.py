@@ -22,7 +22,7 @@ from typing import IO, Any
 from engine.analysis.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.analysis.kernels import classify_kernel
 from engine.analysis.trace_reader import (
-    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge, _Copy,
+    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge,
     collector_paused,
     _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes,
     max_trace_events, open_source, read_all, stream_events, too_large, too_many_events)

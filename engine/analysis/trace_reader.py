@@ -480,7 +480,6 @@ def read_all(handle: IO[bytes], source: str, limit: int) -> bytes:
 # ---------------------------------------------------------------------------------------
 # the stream
 
-_WHITESPACE = b" \t\r\n"
 _MEMBER_DECODER = json.JSONDecoder()
 _EVENT_DECODER = json.JSONDecoder(object_hook=compact_dict)
 

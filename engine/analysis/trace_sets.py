@@ -24,7 +24,7 @@ import re
 import statistics
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from engine.analysis.accounting import time_accounting
 from engine.analysis.trace_parser import ParsedTrace, load_trace
@@ -312,12 +312,6 @@ def set_sentence(result: dict) -> str:
     return "; ".join(parts)
 
 
-def iter_ranks(members: list[tuple[str, Any]]) -> Iterator[dict]:
-    for label, source in members:
-        with collector_paused():  # one rank's trace at a time (trace_reader.collector_paused)
-            yield _rank_row(label, _load(source))
-
-
 def analyze_set(members: list[tuple[str, Any]]) -> dict:
     """The trace-set view of `members` ((label, path or stream) per rank trace; see
     set_members). ValueError for fewer than two traces or one that cannot be read (the
@@ -325,7 +319,8 @@ def analyze_set(members: list[tuple[str, Any]]) -> dict:
     if len(members) < 2:
         raise ValueError(f"a trace set needs the traces of two or more ranks; got "
                          f"{len(members)}")
-    rows = list(iter_ranks(members))
+    with collector_paused():  # every rank's read and accounting (trace_reader.collector_paused)
+        rows = [_rank_row(label, _load(source)) for label, source in members]
     _assign_ranks(rows)
     rows.sort(key=lambda row: row["rank"])
     waiting = _waiting(rows)
