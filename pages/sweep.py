@@ -3,6 +3,9 @@ queue or on a Ray cluster; each run's status live, stop, and the results matrix.
 
 from __future__ import annotations
 
+import html
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -20,11 +23,14 @@ from engine.cluster.ray_env import (
 from engine.cluster.sweep import (
     MATRIX_METRICS,
     MAX_SWEEP_RUNS,
+    UNCLAIMED_RATIOS,
     SweepGrid,
+    cell_hover,
     cell_label,
     counts_text,
     create_sweep,
     parse_batch_sizes,
+    ratio_claim,
     results_matrix,
     stop_sweep,
     sweep_view,
@@ -153,23 +159,69 @@ def runs_table(view) -> pd.DataFrame:
     } for r in view.runs])
 
 
+# Unclaimed ratios (busy, inconclusive) are drawn in this one neutral grey, never by value:
+# darker than the colour scale's white 1x, so "no claim" does not read as "no change".
+UNCLAIMED_GREY = "#a3a3a3"
+# Both traces answer hover from customdata only, so whichever one plotly picks for a cell
+# the label is the same.
+RATIO_HOVER = ("%{y} · %{x}<br>%{customdata[0]}<br>%{customdata[1]}<br>%{customdata[2]}"
+               "<extra></extra>")
+VALUE_HOVER = "%{y} · %{x}<br>%{customdata[0]}<br>%{customdata[2]}<extra></extra>"
+
+
 def heatmap(model: str, matrix: dict) -> go.Figure:
+    """One model's results matrix. A ratio is coloured by log2 around 1x; the ratios that
+    claim nothing (busy, inconclusive) sit in a grey trace on top, with their word."""
     frame = matrix["values"][model]
+    rows, columns = list(frame.index), list(frame.columns)
     unit = matrix["unit"]
-    text = [[cell_label(matrix, model, p, b) for b in frame.columns] for p in frame.index]
     throughput_x = matrix["metric"] == "throughput_x"
-    fig = go.Figure(go.Heatmap(
-        z=frame.astype(object).where(frame.notna(), None).values.tolist(), x=[f"bs {b}" for b in frame.columns], y=list(frame.index),
-        text=text, texttemplate="%{text}", hoverinfo="x+y+text",
-        colorscale="RdBu" if throughput_x else "Viridis", zmid=1.0 if throughput_x else None,
-        colorbar=dict(title=unit or matrix["label"])))
+    text = [[cell_label(matrix, model, p, b) for b in columns] for p in rows]
+    grey = [[ratio_claim(matrix, model, p, b) in UNCLAIMED_RATIOS for b in columns] for p in rows]
+    shared = dict(
+        x=[f"bs {b}" for b in columns], y=rows, texttemplate="%{text}",
+        # plotly renders a subset of HTML in hover text: the stored strings are escaped
+        customdata=[[[html.escape(str(part)) for part in cell_hover(matrix, model, p, b)]
+                     for b in columns] for p in rows],
+        hovertemplate=RATIO_HOVER if throughput_x else VALUE_HOVER)
+    if throughput_x:
+        z = [[_log2(v) if not g else None for v, g in zip(values, flags)]
+             for values, flags in zip(frame.values.tolist(), grey)]
+        scale = ratio_scale(z)
+    else:
+        z = frame.astype(object).where(frame.notna(), None).values.tolist()
+        scale = dict(colorscale="Viridis", colorbar=dict(title=unit or matrix["label"]))
+    fig = go.Figure(go.Heatmap(z=z, text=text, **scale, **shared))
+    if any(any(flags) for flags in grey):
+        fig.add_trace(go.Heatmap(
+            z=[[0 if g else None for g in flags] for flags in grey],
+            text=[[t if g else "" for t, g in zip(texts, flags)] for texts, flags in zip(text, grey)],
+            colorscale=[[0, UNCLAIMED_GREY], [1, UNCLAIMED_GREY]], showscale=False,
+            hoverongaps=False, **shared))  # its gaps are the coloured trace's cells
     title = f"{model}: {matrix['label']}" + (f" ({unit})" if unit else "")
     if throughput_x:
         title += f", baseline {matrix['baseline']}"
     fig.update_layout(title=title, xaxis_title="batch size", yaxis_title="precision",
                       yaxis_autorange="reversed", margin=dict(l=10, r=10, t=40, b=10),
-                      height=120 + 45 * len(frame.index))
+                      hovermode="closest", height=120 + 45 * len(frame.index))
     return fig
+
+
+def _log2(value) -> float | None:
+    return math.log2(value) if isinstance(value, float) and math.isfinite(value) and value > 0 \
+        else None
+
+
+def ratio_scale(z: list[list[float | None]]) -> dict:
+    """A diverging scale for log2 ratios, white at 1x, symmetric so that 2x and 0.5x are
+    equally strong, at least 0.5x-2x wide (a 1.02x must not look like a 16x); ticks at
+    powers of two, written as ratios."""
+    reach = max([1.0] + [abs(v) for row in z for v in row if v is not None])
+    step = max(1, math.ceil(math.floor(reach) / 4))  # at most 9 ticks
+    ticks = list(range(-(math.floor(reach) // step) * step, math.floor(reach) + 1, step))
+    return dict(colorscale="RdBu", zmid=0.0, zmin=-reach, zmax=reach,
+                colorbar=dict(title="x (log scale)", tickvals=ticks,
+                              ticktext=[f"{2.0 ** k:g}x" for k in ticks]))
 
 
 def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:

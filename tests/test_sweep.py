@@ -21,9 +21,15 @@ from streamlit.testing.v1 import AppTest
 
 from engine.cli.main import main as cli_main
 from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
+from engine.analysis.steady import COMPARE_STATS_KEY
 from engine.cluster.sweep import (
     MAX_SWEEP_RUNS,
+    RATIO_BASELINE,
+    RATIO_BUSY,
+    RATIO_INCONCLUSIVE,
+    RATIO_SIGNIFICANT,
     SweepGrid,
+    cell_hover,
     create_sweep,
     matrix_text,
     results_matrix,
@@ -246,6 +252,122 @@ def test_without_fp32_the_first_precision_is_the_baseline(store):
 
 
 # ---------------------------------------------------------------------------------------
+# what each ratio may claim, and the heatmap that draws it (hand-written step times)
+
+BASE_STEPS_MS = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
+
+
+def _claims_sweep(store: Store) -> str:
+    """mlp x (fp32, bf16-amp, fp16-amp, bf16-pure) x (8, 16), every kind of cell:
+    bs 8: 2x significant, 1.01x inconclusive (overlapping step times), 16.54x on a busy
+    machine; bs 16: stopped, inconclusive for want of step times, 0.5x significant."""
+    grid = SweepGrid(models="mlp", precisions="fp32,bf16-amp,fp16-amp,bf16-pure",
+                     batch_sizes="8,16")
+    sweep_id = store.create_sweep(grid.to_dict(), SWEEP_LOCAL)
+    wide = [9.0, 9.5, 9.8, 10.0, 10.3, 10.5, 10.6, 11.0]
+    rows = [("fp32", 8, FINISHED, 100.0, BASE_STEPS_MS, False),
+            ("bf16-amp", 8, FINISHED, 200.0, [v / 2 for v in BASE_STEPS_MS], False),
+            ("fp16-amp", 8, FINISHED, 101.0, wide, False),
+            ("bf16-pure", 8, FINISHED, 1654.0, [v / 16.54 for v in BASE_STEPS_MS], True),
+            ("fp32", 16, FINISHED, 400.0, BASE_STEPS_MS, False),
+            ("bf16-amp", 16, STOPPED, 50.0, [], False),
+            ("fp16-amp", 16, FINISHED, 800.0, [], False),
+            ("bf16-pure", 16, FINISHED, 200.0, [v * 2 for v in BASE_STEPS_MS], False)]
+    for position, (precision, batch, status, rate, steps, busy) in enumerate(rows):
+        _summary_run(store, sweep_id, position, "mlp", precision, batch, status,
+                     samples_per_s=rate, contention={"busy": busy},
+                     **{COMPARE_STATS_KEY: {"steady_step_ms": steps}})
+    return sweep_id
+
+
+def test_each_ratio_says_what_it_may_claim_with_its_interval(store):
+    matrix = results_matrix(sweep_view(store, _claims_sweep(store)), "throughput_x")
+    claims, low, high = (matrix[name]["mlp"] for name in ("claims", "interval_low",
+                                                          "interval_high"))
+    assert claims.loc["fp32", 8] == RATIO_BASELINE
+    assert claims.loc["bf16-amp", 8] == RATIO_SIGNIFICANT and low.loc["bf16-amp", 8] > 1.0
+    assert claims.loc["fp16-amp", 8] == RATIO_INCONCLUSIVE
+    assert low.loc["fp16-amp", 8] < 1.0 < high.loc["fp16-amp", 8]
+    # busy whatever its interval says: the interval is there, far above 1, and claims nothing
+    assert claims.loc["bf16-pure", 8] == RATIO_BUSY and low.loc["bf16-pure", 8] > 10
+    assert claims.loc["bf16-amp", 16] == ""  # stopped: no ratio
+    assert claims.loc["fp16-amp", 16] == RATIO_INCONCLUSIVE and math.isnan(low.loc["fp16-amp", 16])
+    assert claims.loc["bf16-pure", 16] == RATIO_SIGNIFICANT and high.loc["bf16-pure", 16] < 1.0
+    value, interval, status = cell_hover(matrix, "mlp", "bf16-amp", 8)
+    assert value == "2.000x (200 samples/s)"
+    assert interval == (f"95 % interval {low.loc['bf16-amp', 8]:.3f}-"
+                        f"{high.loc['bf16-amp', 8]:.3f}x")
+    assert status.startswith("significant")
+    assert cell_hover(matrix, "mlp", "bf16-pure", 8)[2].startswith("busy")
+    assert cell_hover(matrix, "mlp", "fp16-amp", 16)[1:] == (
+        "no interval (too few steady steps)", "inconclusive: not shown to differ from 1x")
+    assert cell_hover(matrix, "mlp", "bf16-amp", 16) == ("no value", "no interval", STOPPED)
+    # The CLI's text keeps its short notes.
+    text = matrix_text(matrix)
+    assert "16.54x busy" in text and "1.01x n.s." in text and "2.00x [" in text
+
+
+def test_heatmap_greys_unclaimed_ratios_and_colours_the_rest_by_log2(home, store):
+    sweep_id = _claims_sweep(store)
+    matrix = results_matrix(sweep_view(store, sweep_id), "throughput_x")
+    at = _sweep_page()
+    (spec,) = _heatmaps(at).values()
+    coloured, grey = spec["data"]
+    rows = coloured["y"]
+    assert rows == ["fp32", "bf16-amp", "fp16-amp", "bf16-pure"] and grey["y"] == rows
+
+    def cell(trace, key, precision, batch):
+        return trace[key][rows.index(precision)][[8, 16].index(batch)]
+
+    unclaimed = [("fp16-amp", 8), ("bf16-pure", 8), ("fp16-amp", 16)]
+    for precision, batch in unclaimed:  # grey, with its word, never coloured by value
+        assert cell(coloured, "z", precision, batch) is None
+        assert cell(grey, "z", precision, batch) is not None
+    assert cell(grey, "text", "bf16-pure", 8).startswith("16.54x busy<br>")
+    assert cell(grey, "text", "fp16-amp", 8).startswith("1.01x n.s.<br>")
+    claimed = [("fp32", 8), ("bf16-amp", 8), ("fp32", 16), ("bf16-pure", 16)]
+    for precision, batch in claimed + [("bf16-amp", 16)]:
+        assert cell(grey, "z", precision, batch) is None and cell(grey, "text", precision, batch) == ""
+    assert [cell(coloured, "z", p, b) for p, b in claimed] == pytest.approx([0.0, 1.0, 0.0, -1.0])
+    assert cell(coloured, "z", "bf16-amp", 16) is None  # stopped: its status as text
+    assert cell(coloured, "text", "bf16-amp", 16) == STOPPED
+    assert {grey["colorscale"][0][1], grey["colorscale"][-1][1]} == {"#a3a3a3"}
+    assert grey["showscale"] is False
+
+    # log2 around 1x, symmetric, its range set by the coloured cells only (not the busy 16.54x)
+    assert coloured["zmid"] == 0 and coloured["zmin"] == -coloured["zmax"] == -1.0
+    bar = coloured["colorbar"]
+    assert bar["ticktext"] == ["0.5x", "1x", "2x"]
+    assert [2.0 ** v for v in bar["tickvals"]] == [0.5, 1.0, 2.0]
+
+    # every cell's hover: value, interval, status (the same on both traces)
+    assert "%{customdata[1]}" in coloured["hovertemplate"]
+    assert grey["hovertemplate"] == coloured["hovertemplate"]
+    value, interval, status = cell(coloured, "customdata", "bf16-amp", 8)
+    low, high = (matrix[name]["mlp"].loc["bf16-amp", 8] for name in ("interval_low",
+                                                                      "interval_high"))
+    assert (value, interval) == ("2.000x (200 samples/s)", f"95 % interval {low:.3f}-{high:.3f}x")
+    assert status.startswith("significant")
+    assert cell(grey, "customdata", "bf16-pure", 8)[2].startswith("busy")
+    assert cell(grey, "customdata", "fp16-amp", 8)[2].startswith("inconclusive")
+    assert cell(coloured, "customdata", "bf16-amp", 16)[2] == STOPPED
+
+
+def test_heatmap_of_an_absolute_metric_keeps_its_sequential_scale(home, store):
+    _claims_sweep(store)
+    at = _sweep_page()
+    at.selectbox(key="sw_metric").set_value("samples_per_s").run()
+    assert not at.exception, at.exception
+    (spec,) = _heatmaps(at).values()
+    (trace,) = spec["data"]  # nothing greyed: only ratios make claims
+    assert trace["z"][0] == [100.0, 400.0] and trace["z"][3] == [1654.0, 200.0]
+    assert "zmid" not in trace and "tickvals" not in trace.get("colorbar", {})
+    assert trace["colorscale"][0][1] == "#440154"  # Viridis
+    assert "%{customdata[1]}" not in trace["hovertemplate"]
+    assert trace["customdata"][0][0] == ["100 samples/s", "", FINISHED]
+
+
+# ---------------------------------------------------------------------------------------
 # store: the sweep tables on a database that predates them
 
 
@@ -327,7 +449,7 @@ def test_sweep_page_shows_the_runs_and_one_heatmap_per_model(local_sweep, monkey
     assert list(specs) == ["mlp: throughput vs the baseline precision (x), baseline fp32"]
     trace = specs[list(specs)[0]]["data"][0]
     assert trace["type"] == "heatmap" and trace["y"] == ["fp32", "bf16-amp"]
-    assert trace["z"][0][0] == pytest.approx(1.0)
+    assert trace["z"][0][0] == pytest.approx(0.0)  # log2 of the baseline's 1x
     at.selectbox(key="sw_metric").set_value("peak_mem_gib").run()
     assert not at.exception, at.exception
     assert list(_heatmaps(at)) == ["mlp: peak memory (GiB)"]

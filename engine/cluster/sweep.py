@@ -288,13 +288,27 @@ def baseline_precision(precisions: Iterable[str]) -> str:
     return Precision.FP32.value if Precision.FP32.value in precisions else precisions[0]
 
 
+# A results matrix's frames per model: name -> dtype. "absolute" is the figure behind a
+# ratio (throughput_x: samples/s); "notes" what the ratio's text may claim (_ratio_note).
+_CELL_FRAMES = {"values": float, "status": object, "absolute": float, "notes": object,
+                "claims": object, "interval_low": float, "interval_high": float}
+
+# What a throughput ratio may claim. The Sweep page colours only the baseline and
+# significant ratios by value: a busy or inconclusive one is drawn grey, so a 16.54x
+# measured while the machine was busy never looks like a result.
+RATIO_BASELINE, RATIO_BUSY = "baseline", "busy"
+RATIO_INCONCLUSIVE, RATIO_SIGNIFICANT = "inconclusive", "significant"
+UNCLAIMED_RATIOS = (RATIO_BUSY, RATIO_INCONCLUSIVE)
+
+
 def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
     """model -> DataFrame (rows: precision, columns: batch size) of `metric` over the
     sweep's finished runs; NaN where a run did not finish (its status is in `status`).
 
     Returns {"values": {model: frame}, "status": {model: frame of run status}, ...}.
     throughput_x divides each run's steady-state samples/s by the baseline precision's
-    (fp32 when in the grid, else the first precision) at the same model and batch size.
+    (fp32 when in the grid, else the first precision) at the same model and batch size;
+    "claims", "interval_low" and "interval_high" then say what each ratio may claim.
     """
     import pandas as pd
 
@@ -303,50 +317,119 @@ def results_matrix(view: SweepView, metric: str) -> dict[str, Any]:
     grid = view.grid
     baseline = baseline_precision(grid.precisions)
     cells = {(r.config.model, r.config.precision, r.config.batch_size): r for r in view.runs}
-    values, statuses, absolute, notes = {}, {}, {}, {}
+    matrix: dict[str, Any] = {name: {} for name in _CELL_FRAMES}
     for model in grid.models:
-        frame = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
-                             dtype=float)
-        status = pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
-                              dtype=object)
-        own = frame.copy()  # the absolute figure behind a ratio (throughput_x: samples/s)
-        note = status.copy()  # throughput_x: its interval, "n.s." or "busy" (see _ratio_note)
+        frames = {name: pd.DataFrame(index=list(grid.precisions), columns=list(grid.batch_sizes),
+                                     dtype=dtype) for name, dtype in _CELL_FRAMES.items()}
         for precision, batch in itertools.product(grid.precisions, grid.batch_sizes):
-            run = cells.get((model, precision, batch))
-            status.loc[precision, batch] = run.status if run else "missing"
-            base = cells.get((model, baseline, batch))
-            frame.loc[precision, batch] = _cell_value(run, base, metric)
-            own.loc[precision, batch] = _cell_value(run, None, "samples_per_s") \
-                if metric == "throughput_x" else frame.loc[precision, batch]
-            note.loc[precision, batch] = (_ratio_note(run, base, frame.loc[precision, batch])
-                                          if metric == "throughput_x" and precision != baseline
-                                          else "")
-        frame.index.name, frame.columns.name = "precision", "batch size"
-        values[model], statuses[model], absolute[model], notes[model] = frame, status, own, note
+            cell = _matrix_cell(cells.get((model, precision, batch)),
+                                cells.get((model, baseline, batch)), metric, precision == baseline)
+            for name, value in cell.items():
+                frames[name].loc[precision, batch] = value
+        frames["values"].index.name, frames["values"].columns.name = "precision", "batch size"
+        for name, frame in frames.items():
+            matrix[name][model] = frame
     label, unit = MATRIX_METRICS[metric]
-    return {"values": values, "status": statuses, "absolute": absolute, "notes": notes,
-            "baseline": baseline, "metric": metric, "label": label, "unit": unit}
+    matrix.update(baseline=baseline, metric=metric, label=label, unit=unit)
+    return matrix
 
 
-def _ratio_note(run: RunRecord | None, base: RunRecord | None, ratio: float) -> str:
-    """What a throughput ratio may claim: "busy" when either run was measured on a busy
-    machine, its 95 % interval ("[1.18-1.29]") when that excludes 1.0, else "n.s."."""
+def _matrix_cell(run: RunRecord | None, base: RunRecord | None, metric: str,
+                 is_baseline: bool) -> dict[str, Any]:
+    """One grid point's entries in every frame of the results matrix."""
+    value = _cell_value(run, base, metric)
+    cell = {"values": value, "status": run.status if run else "missing", "absolute": value,
+            "notes": "", "claims": "", "interval_low": math.nan, "interval_high": math.nan}
+    if metric != "throughput_x":
+        return cell
+    cell["absolute"] = _cell_value(run, None, "samples_per_s")
+    if is_baseline:
+        cell["claims"] = RATIO_BASELINE if _finite(value) is not None else ""
+        return cell
+    claim, low, high = _ratio_evidence(run, base, value)
+    cell.update(notes=_ratio_note(claim, low, high), claims=claim, interval_low=low,
+                interval_high=high)
+    return cell
+
+
+def _ratio_evidence(run: RunRecord | None, base: RunRecord | None,
+                    ratio: float) -> tuple[str, float, float]:
+    """What a throughput ratio may claim, with its 95 % interval (NaN, NaN when the runs
+    have too few steady steps for one): busy when either run was measured on a busy
+    machine, whatever the interval says; significant when the interval excludes 1.0;
+    else inconclusive. ("", NaN, NaN) when there is no ratio."""
     # the interval uses numpy (the Sweep page and CLI only): not at module level
     from engine.analysis.compare import unpaired_ratio_interval
     from engine.analysis.steady import COMPARE_STATS_KEY  # the same: steady imports pandas
 
     if _finite(ratio) is None or run is None or base is None:
-        return ""
-    if any((r.summary.get("contention") or {}).get("busy") for r in (run, base)):
-        return "busy"
+        return "", math.nan, math.nan
     samples = [(r.summary.get(COMPARE_STATS_KEY) or {}).get("steady_step_ms") or []
                for r in (base, run)]
     interval = unpaired_ratio_interval(*samples)
-    if interval is None:
-        return "n.s."
-    step_ratio = statistics.median(samples[0]) / statistics.median(samples[1])
-    low, high = (bound * ratio / step_ratio for bound in interval)
-    return f"[{low:.2f}-{high:.2f}]" if low > 1.0 or high < 1.0 else "n.s."
+    low = high = math.nan
+    if interval is not None:
+        # The interval is of the step-time ratio; scaled to throughput (a batch that
+        # differs changes work per step, not the relative spread).
+        step_ratio = statistics.median(samples[0]) / statistics.median(samples[1])
+        low, high = (bound * ratio / step_ratio for bound in interval)
+    if any((r.summary.get("contention") or {}).get("busy") for r in (run, base)):
+        return RATIO_BUSY, low, high
+    # NaN bounds compare False: no interval is inconclusive, never significant.
+    return (RATIO_SIGNIFICANT if low > 1.0 or high < 1.0 else RATIO_INCONCLUSIVE), low, high
+
+
+def _ratio_note(claim: str, low: float, high: float) -> str:
+    """The few characters a ratio's text carries: "busy", its interval ("[1.18-1.29]") when
+    significant, "n.s." when inconclusive (the word the CLI and README use)."""
+    if claim == RATIO_SIGNIFICANT:
+        return f"[{low:.2f}-{high:.2f}]"
+    return {RATIO_BUSY: "busy", RATIO_INCONCLUSIVE: "n.s."}.get(claim, "")
+
+
+# A ratio's claim as the hover spells it out.
+_CLAIM_WORDS = {
+    RATIO_BASELINE: "baseline",
+    RATIO_BUSY: "busy: measured on a busy machine, not a speedup figure",
+    RATIO_INCONCLUSIVE: "inconclusive: not shown to differ from 1x",
+    RATIO_SIGNIFICANT: "significant: the interval excludes 1x",
+}
+
+
+def ratio_claim(matrix: dict[str, Any], model: str, precision: str, batch: int) -> str:
+    """The cell's claim (RATIO_*), "" where it has no ratio or the metric is no ratio."""
+    return _entry(matrix, "claims", model, precision, batch) or ""
+
+
+def _entry(matrix: dict[str, Any], name: str, model: str, precision: str, batch: int):
+    """One cell of one of the matrix's frames; None where the matrix has no such frame."""
+    frame = matrix.get(name, {}).get(model)
+    return frame.loc[precision, batch] if frame is not None else None
+
+
+def cell_hover(matrix: dict[str, Any], model: str, precision: str,
+               batch: int) -> tuple[str, str, str]:
+    """A heatmap cell's hover as plain text: its value, for a ratio its 95 % interval
+    ("" otherwise), and its status (a ratio's claim, else the run's status)."""
+    value = matrix["values"][model].loc[precision, batch]
+    status = matrix["status"][model].loc[precision, batch]
+    ratio = matrix["metric"] == "throughput_x"
+    if _finite(value) is None:
+        return "no value", "no interval" if ratio else "", status
+    if not ratio:
+        return _figure(value) + (f" {matrix['unit']}" if matrix["unit"] else ""), "", status
+    own = matrix["absolute"][model].loc[precision, batch]
+    shown = f"{value:.3f}x" + (f" ({_figure(own)} samples/s)" if _finite(own) is not None else "")
+    claim = ratio_claim(matrix, model, precision, batch)
+    low, high = (_finite(_entry(matrix, name, model, precision, batch))
+                 for name in ("interval_low", "interval_high"))
+    if claim == RATIO_BASELINE:
+        interval = "the baseline: 1x by definition"
+    elif low is None or high is None:
+        interval = "no interval (too few steady steps)"
+    else:
+        interval = f"95 % interval {low:.3f}-{high:.3f}x"
+    return shown, interval, _CLAIM_WORDS.get(claim, status)
 
 
 def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -> str:
@@ -436,8 +519,9 @@ def wait_sweep(store: Store, sweep_id: str, timeout_s: float, poll_s: float = 0.
 
 
 __all__ = [
-    "MATRIX_METRICS", "MAX_SWEEP_RUNS", "SweepGrid",
-    "SweepView", "create_sweep", "matrix_text",
+    "MATRIX_METRICS", "MAX_SWEEP_RUNS", "RATIO_BASELINE", "RATIO_BUSY",
+    "RATIO_INCONCLUSIVE", "RATIO_SIGNIFICANT", "UNCLAIMED_RATIOS", "SweepGrid",
+    "SweepView", "cell_hover", "cell_label", "create_sweep", "matrix_text", "ratio_claim",
     "results_matrix", "stop_sweep", "sweep_view",
     "wait_sweep",
 ]
