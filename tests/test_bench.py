@@ -176,3 +176,26 @@ def test_whatif_projects_an_fp32_step_and_measures_it_beside():
         assert row["projection"]["words"].startswith("Projection, bf16 on this device:")
     else:
         assert row["projection"]["none"]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(400)
+def test_pages_browser_times_every_page_and_the_first_point():
+    from browser_support import require_browser
+
+    require_browser()  # skipped (or failed where CI demands it) without Chromium
+    result = run_bench("bench.pages_browser", timeout=380.0)
+    assert_common(result, "pages_browser")
+    assert result["target"] == 1.5 and result["target_op"] == "<"
+    pages = {"Launch", "Live, running run", "Live, finished run", "Compare, 3 runs",
+             "Compare, 20 runs", "Kernels, V100 trace", "HTML report, 3 runs"}
+    assert pages <= set(result["page_s"])
+    assert any(name.startswith("Runs, ") for name in result["page_s"])
+    for name, seconds in result["page_s"].items():
+        assert_finite(seconds, name)
+        assert seconds > 0
+    assert_finite(result["cold_launch_page_s"], "cold_launch_page_s")
+    assert_finite(result["first_point"]["first_launch_s"], "first launch")
+    assert len(result["launches"]) == 2 and all(l["run_id"] for l in result["launches"])
+    # the goals are reported, not asserted: a missed one is named
+    assert isinstance(result["missed"], list) and result["met"] == (not result["missed"])

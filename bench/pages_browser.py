@@ -1,0 +1,283 @@
+"""Navigation -> the page's main element drawn and idle, for every page, in a real browser.
+
+    python -m bench.pages_browser [--repeats 3] [--quick] [--json]
+
+bench.ui times the server-side script run (< 300 ms); a person waits for more: the
+script's start, its imports, the websocket messages, plotly's payload and drawing. This
+benchmark times what a person sees: a `streamlit run app.py` server on a private data
+directory (bench/_dataset.py's finished runs, copied, plus one run with a real V100
+profiler trace and one run training now), Chromium (Playwright, /usr/bin/chromium, never a
+downloaded browser) opening each page in a new tab (a new session, as a shared link
+does), and the clock stopped when the page's main element is drawn and the script is
+idle (`data-test-script-state="notRunning"`; Live of a running run refreshes every
+second, so there only the drawn chart counts).
+
+Pages: Launch (the server's first page: its cold start is reported on its own), Live
+running, Live finished, Runs (200 runs), Compare with 3 and with 20 runs, Kernels with a
+real trace, the HTML report of 3 runs opened from disk. Then click -> first point on the
+Live page (bench.first_point_browser's measurement), once right after the server's
+first page (first launch) and then warm.
+
+Goals: every page < 1.5 s; click -> first point < 1.5 s warm, < 3 s on the first launch.
+Without Chromium or Playwright it says so and exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from bench._common import REPO_ROOT, emit_json, machine_info, print_table, spread
+from bench.first_point_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    EXIT_NO_BROWSER,
+    Server,
+    browser_missing,
+    end_standbys,
+    one_launch,
+    stop_runs,
+)
+
+PAGE_GOAL_S = 1.5
+FIRST_POINT_WARM_GOAL_S = 1.5
+FIRST_POINT_FIRST_GOAL_S = 3.0
+STORE_RUNS, STORE_STEPS = 200, 1_000
+VIEWPORT = {"width": 1280, "height": 800}
+PAGE_TIMEOUT_MS = 60_000
+KERNEL_TRACE = REPO_ROOT / "tests" / "data" / "traces" / "v100_resnet50_kineto_v1.json.gz"
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+
+# True once `count` plotly charts have drawn their first trace (a marker or a line vertex).
+_CHARTS_DRAWN_JS = """(count) => {
+  const drawn = [...document.querySelectorAll('.js-plotly-plot')].filter(el => {
+    const trace = el.querySelector('.scatterlayer .trace, .barlayer .trace, .heatmaplayer');
+    if (!trace) return false;
+    if (trace.querySelector('.points path, .point, image, path.js-line')) return true;
+    return false;
+  });
+  return drawn.length >= count;
+}"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.pages_browser", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="visits per page (default 3)")
+    parser.add_argument("--launches", type=int, default=3,
+                        help="click -> first point launches (default 3: 1 first, 2 warm)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 1 visit per page, 2 launches, 40 runs in the store")
+    parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    parser.add_argument("--server-log", metavar="PATH",
+                        help="keep the app server's log here (it is deleted with the store)")
+    args = parser.parse_args(argv)
+    args.store_runs = STORE_RUNS
+    if args.quick:
+        args.repeats, args.launches, args.store_runs = 1, 2, 40
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# the store
+
+
+def prepare_store(home: Path, runs: int) -> dict[str, Any]:
+    """bench/_dataset.py's cached finished runs copied to `home`, plus a run carrying a real
+    GPU profiler trace (for Kernels) and the HTML report of three runs."""
+    from bench._dataset import cached_store
+    from engine.config import RunConfig
+    from engine.report.html import export_html
+    from engine.schema import FINISHED, TRACE_FILENAME
+    from engine.store import Store
+
+    cached, info = cached_store(runs, STORE_STEPS)
+    shutil.copytree(cached, home)
+    store = Store(home)
+    config = RunConfig(model="gpt", size="tiny", precision="bf16-amp", batch_size=16, steps=10,
+                       profile=True, name="V100 ResNet-50 trace")
+    kernel_run = store.create_run(config, "cuda:0", "Tesla V100-SXM2-16GB", run_id="bench-kernels")
+    shutil.copyfile(KERNEL_TRACE, store.run_dir(kernel_run) / TRACE_FILENAME)
+    store.set_status(kernel_run, FINISHED)
+    run_ids = list(info["run_ids"])
+    report_path = home.parent / "report.html"
+    export_html(store, run_ids[:3], report_path)
+    return {"run_ids": run_ids, "kernel_run": kernel_run, "report": report_path,
+            "dataset": {k: v for k, v in info.items() if k != "run_ids"}}
+
+
+def start_running_run(store) -> str:
+    """A real run training now (gpt tiny, many steps), for Live of a running run."""
+    from engine.config import RunConfig
+    from engine.run.launcher import launch
+
+    config = RunConfig(model="gpt", size="tiny", precision="fp32", batch_size=8,
+                       steps=1_000_000, profile=False, name="bench running")
+    return launch(config, store)
+
+
+# ---------------------------------------------------------------------------------------
+# one visit
+
+
+def visit(context, url: str, ready: Callable[[Any], None]) -> float:
+    """Seconds from navigation (a new tab) to `ready` returning; the tab is closed after."""
+    page = context.new_page()
+    try:
+        started = time.perf_counter()
+        page.goto(url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
+        ready(page)
+        return time.perf_counter() - started
+    finally:
+        page.close()
+
+
+def idle_with(selector: str, charts: int = 0) -> Callable[[Any], None]:
+    """Ready when `selector` is visible, `charts` plotly charts have drawn and the script
+    is idle."""
+    def ready(page) -> None:
+        page.wait_for_selector(selector, state="visible", timeout=PAGE_TIMEOUT_MS)
+        if charts:
+            page.wait_for_function(_CHARTS_DRAWN_JS, arg=charts, polling=20,
+                                   timeout=PAGE_TIMEOUT_MS)
+        page.wait_for_selector(IDLE, timeout=PAGE_TIMEOUT_MS)
+    return ready
+
+
+def charts_only(charts: int) -> Callable[[Any], None]:
+    def ready(page) -> None:
+        page.wait_for_function(_CHARTS_DRAWN_JS, arg=charts, polling=20, timeout=PAGE_TIMEOUT_MS)
+    return ready
+
+
+def scenarios(url: str, prepared: dict[str, Any], running_id: str) -> dict[str, tuple[str, Callable]]:
+    run_ids = prepared["run_ids"]
+    table = '[data-testid="stDataFrame"]'
+    return {
+        "Launch": (f"{url}/", idle_with('button:has-text("Launch run")')),
+        "Live, running run": (f"{url}/live?run={running_id}", charts_only(1)),
+        "Live, finished run": (f"{url}/live?run={run_ids[0]}", idle_with(".js-plotly-plot", 3)),
+        f"Runs, {len(run_ids) + 2} runs": (f"{url}/runs", idle_with(table)),
+        "Compare, 3 runs": (f"{url}/compare?runs={','.join(run_ids[:3])}",
+                            idle_with(table, 1)),
+        "Compare, 20 runs": (f"{url}/compare?runs={','.join(run_ids[:20])}",
+                             idle_with(table, 1)),
+        "Kernels, V100 trace": (f"{url}/kernels?run={prepared['kernel_run']}",
+                                idle_with(table)),
+        "HTML report, 3 runs": (prepared["report"].as_uri(), charts_only(1)),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    from playwright.sync_api import sync_playwright
+
+    from engine.run import standby
+    from engine.store import Store
+
+    prepared = prepare_store(home, args.store_runs)
+    store = Store(home)
+    server = Server(home, home.parent / "streamlit.log")
+    pages: dict[str, list[float]] = {}
+    launches: list[dict[str, Any]] = []
+    try:
+        server_started = time.perf_counter()
+        server.wait_healthy()
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context(viewport=VIEWPORT)
+                cold_s = visit(context, f"{server.url}/", idle_with('button:has-text("Launch run")'))
+                cold_from_start_s = time.perf_counter() - server_started
+                launch_page = context.new_page()
+                launches.append(one_launch(launch_page, server, store))  # the first launch
+                stop_runs(store)
+                running_id = start_running_run(store)
+                for name, (url, ready) in scenarios(server.url, prepared, running_id).items():
+                    pages[name] = [visit(context, url, ready) for _ in range(args.repeats)]
+                stop_runs(store)
+                for _ in range(max(0, args.launches - 1)):
+                    launches.append(one_launch(launch_page, server, store))
+                    stop_runs(store)
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+        stop_runs(store)
+        end_standbys(home, standby)
+    return {"pages": pages, "cold_launch_page_s": cold_s,
+            "server_start_to_first_page_s": cold_from_start_s, "launches": launches,
+            "dataset": prepared["dataset"], "store_runs": len(prepared["run_ids"]) + 2}
+
+
+def summarize(measured: dict[str, Any]) -> dict[str, Any]:
+    pages = {name: spread(times) | {"first": times[0] if times else None}
+             for name, times in measured["pages"].items()}
+    first = measured["launches"][:1]
+    warm = measured["launches"][1:]
+    point = {"first_launch_s": first[0]["click_to_visible_s"] if first else None,
+             "warm": spread(launch["click_to_visible_s"] for launch in warm)}
+    missed = [name for name, figures in pages.items()
+              if figures["median"] is None or figures["median"] >= PAGE_GOAL_S]
+    if measured["cold_launch_page_s"] >= PAGE_GOAL_S:
+        missed.append("Launch, first page of the server")
+    if point["first_launch_s"] is None or point["first_launch_s"] >= FIRST_POINT_FIRST_GOAL_S:
+        missed.append("click -> first point, first launch")
+    if warm and (point["warm"]["median"] or 0) >= FIRST_POINT_WARM_GOAL_S:
+        missed.append("click -> first point, warm")
+    return {"pages": pages, "first_point": point, "missed": missed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = browser_missing()
+    if missing:
+        print(f"bench.pages_browser: {missing}", file=sys.stderr)
+        return EXIT_NO_BROWSER
+    machine = machine_info()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench_pages_browser_") as tmp:
+        try:
+            measured = measure(args, Path(tmp) / "home")
+        finally:
+            if args.server_log and (Path(tmp) / "streamlit.log").exists():
+                shutil.copyfile(Path(tmp) / "streamlit.log", args.server_log)
+    elapsed_s = time.monotonic() - started
+    summary = summarize(measured)
+    print(f"bench.pages_browser: Chromium at {VIEWPORT['width']}x{VIEWPORT['height']}, "
+          f"{args.repeats} visit(s) per page, {measured['store_runs']} runs in the store; "
+          f"{elapsed_s:.1f} s; load avg at start {machine['load_avg_1_5_15_min']}")
+    rows = [["Launch, first page of the server", measured["cold_launch_page_s"], None, None,
+             None, 1]]
+    rows += [[name, f["median"], f["first"], f["min"], f["max"], f["n"]]
+             for name, f in summary["pages"].items()]
+    print_table(f"Seconds from navigation to drawn and idle (goal < {PAGE_GOAL_S} s)",
+                ["page", "median", "first", "min", "max", "n"], rows)
+    point = summary["first_point"]
+    print(f"\nclick -> first point: first launch {point['first_launch_s']:.2f} s (goal < "
+          f"{FIRST_POINT_FIRST_GOAL_S} s), warm median {point['warm']['median'] or float('nan'):.2f} s "
+          f"(goal < {FIRST_POINT_WARM_GOAL_S} s)")
+    print("goals: " + ("met" if not summary["missed"] else "MISSED by " + ", ".join(summary["missed"])))
+    if args.json:
+        emit_json({"benchmark": "pages_browser", "target": PAGE_GOAL_S, "target_op": "<",
+                   "met": not summary["missed"], "missed": summary["missed"],
+                   "page_s": {name: f["median"] for name, f in summary["pages"].items()},
+                   "cold_launch_page_s": measured["cold_launch_page_s"],
+                   "server_start_to_first_page_s": measured["server_start_to_first_page_s"],
+                   "first_point": point, "results": summary["pages"],
+                   "launches": measured["launches"], "dataset": measured["dataset"],
+                   "config": {"viewport": VIEWPORT, "repeats": args.repeats,
+                              "store_runs": measured["store_runs"]},
+                   "repeats": args.repeats, "elapsed_s": elapsed_s, "machine": machine})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
