@@ -90,7 +90,7 @@ class Server:
     """`streamlit run app.py` in a session of its own: stop() ends its group only (run
     workers and the standby have their own sessions and are stopped through the engine)."""
 
-    def __init__(self, home: Path, log_path: Path):
+    def __init__(self, home: Path, log_path: Path, script: str = "app.py"):
         import socket
 
         with socket.socket() as sock:
@@ -101,7 +101,7 @@ class Server:
                              STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port",
+                [sys.executable, "-m", "streamlit", "run", script, "--server.port",
                  str(self.port), "--server.headless", "true"],
                 cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)

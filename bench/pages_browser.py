@@ -18,6 +18,10 @@ real trace, the HTML report of 3 runs opened from disk. Then click -> first poin
 Live page (bench.first_point_browser's measurement), once right after the server's
 first page (first launch) and then warm.
 
+Beside them, in the same run and browser, Streamlit's own floor on this machine: a second
+server of a bare app (a title and a button; and a title and one plotly chart of 1,000
+points), so each page's time reads against what any Streamlit page costs here.
+
 Goals: every page < 1.5 s; click -> first point < 1.5 s warm, < 3 s on the first launch.
 Without Chromium or Playwright it says so and exits 3.
 """
@@ -122,6 +126,40 @@ def start_running_run(store) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# Streamlit's floor: what any page costs here, before this app adds anything
+
+FLOOR_APP = """import plotly.graph_objects as go
+import streamlit as st
+
+st.title("Floor")
+if st.query_params.get("chart"):
+    st.plotly_chart(go.Figure(go.Scatter(x=list(range(1000)), y=[i % 7 for i in range(1000)])))
+st.button("Go")
+"""
+
+
+def measure_floor(context, tmp: Path, repeats: int) -> dict[str, list[float]]:
+    """Navigation -> drawn and idle for a bare Streamlit page and one with a plotly chart,
+    from a server of its own (the same Streamlit, browser and machine as the app's)."""
+    script = tmp / "floor_app.py"
+    script.write_text(FLOOR_APP)
+    server = Server(tmp / "floor_home", tmp / "floor.log", script=str(script))
+    try:
+        server.wait_healthy()
+        visit(context, f"{server.url}/", idle_with('button:has-text("Go")'))  # its cold start
+        return {FLOOR_BARE: [visit(context, f"{server.url}/", idle_with('button:has-text("Go")'))
+                             for _ in range(repeats)],
+                FLOOR_CHART: [visit(context, f"{server.url}/?chart=1", idle_with(".js-plotly-plot", 1))
+                              for _ in range(repeats)]}
+    finally:
+        server.stop()
+
+
+FLOOR_BARE = "floor: bare Streamlit page (title + button)"
+FLOOR_CHART = "floor: bare page + one plotly chart"
+
+
+# ---------------------------------------------------------------------------------------
 # one visit
 
 
@@ -186,6 +224,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     store = Store(home)
     server = Server(home, home.parent / "streamlit.log")
     pages: dict[str, list[float]] = {}
+    floor: dict[str, list[float]] = {}
     launches: list[dict[str, Any]] = []
     try:
         server_started = time.perf_counter()
@@ -206,13 +245,14 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 for _ in range(max(0, args.launches - 1)):
                     launches.append(one_launch(launch_page, server, store))
                     stop_runs(store)
+                floor = measure_floor(context, home.parent, args.repeats)
             finally:
                 browser.close()
     finally:
         server.stop()
         stop_runs(store)
         end_standbys(home, standby)
-    return {"pages": pages, "cold_launch_page_s": cold_s,
+    return {"pages": pages, "floor": floor, "cold_launch_page_s": cold_s,
             "server_start_to_first_page_s": cold_from_start_s, "launches": launches,
             "dataset": prepared["dataset"], "store_runs": len(prepared["run_ids"]) + 2}
 
@@ -232,7 +272,13 @@ def summarize(measured: dict[str, Any]) -> dict[str, Any]:
         missed.append("click -> first point, first launch")
     if warm and (point["warm"]["median"] or 0) >= FIRST_POINT_WARM_GOAL_S:
         missed.append("click -> first point, warm")
-    return {"pages": pages, "first_point": point, "missed": missed}
+    floor = {name: spread(times) for name, times in measured.get("floor", {}).items()}
+    bare = (floor.get(FLOOR_BARE) or {}).get("median")
+    # each page against the bare Streamlit page, measured side by side in this run
+    x_floor = {name: (figures["median"] / bare if bare and figures["median"] else None)
+               for name, figures in pages.items()}
+    return {"pages": pages, "first_point": point, "missed": missed, "floor": floor,
+            "x_floor": x_floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats} visit(s) per page, {measured['store_runs']} runs in the store; "
           f"{elapsed_s:.1f} s; load avg at start {machine['load_avg_1_5_15_min']}")
     rows = [["Launch, first page of the server", measured["cold_launch_page_s"], None, None,
-             None, 1]]
-    rows += [[name, f["median"], f["first"], f["min"], f["max"], f["n"]]
+             None, 1, None]]
+    rows += [[name, f["median"], f["first"], f["min"], f["max"], f["n"], summary["x_floor"][name]]
              for name, f in summary["pages"].items()]
-    print_table(f"Seconds from navigation to drawn and idle (goal < {PAGE_GOAL_S} s)",
-                ["page", "median", "first", "min", "max", "n"], rows)
+    rows += [[name, f["median"], None, f["min"], f["max"], f["n"], None]
+             for name, f in summary["floor"].items()]
+    print_table(f"Seconds from navigation to drawn and idle (goal < {PAGE_GOAL_S} s); "
+                "x floor: against the bare Streamlit page, same run",
+                ["page", "median", "first", "min", "max", "n", "x floor"], rows)
     point = summary["first_point"]
     print(f"\nclick -> first point: first launch {point['first_launch_s']:.2f} s (goal < "
           f"{FIRST_POINT_FIRST_GOAL_S} s), warm median {point['warm']['median'] or float('nan'):.2f} s "
@@ -272,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                    "cold_launch_page_s": measured["cold_launch_page_s"],
                    "server_start_to_first_page_s": measured["server_start_to_first_page_s"],
                    "first_point": point, "results": summary["pages"],
+                   "floor": summary["floor"], "x_floor": summary["x_floor"],
                    "launches": measured["launches"], "dataset": measured["dataset"],
                    "config": {"viewport": VIEWPORT, "repeats": args.repeats,
                               "store_runs": measured["store_runs"]},

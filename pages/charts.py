@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from engine.analysis.steady import ema
 from engine.analysis.live import steady_median
+from engine.display import MEMORY_UNITS, memory_unit
 from engine.report.figures import PLOT_TEMPLATE, line_mode
 from engine.schema import PROFILE
 
@@ -88,13 +89,15 @@ def throughput_figure(frame: pd.DataFrame, column: str, unit: str, smoothing: fl
 
 
 def memory_figure(frame: pd.DataFrame, is_cuda: bool) -> go.Figure:
-    fig = _figure("Memory (GiB)", "step", "GiB")
     series = ([("mem_allocated_bytes", "allocated"), ("mem_reserved_bytes", "reserved"),
                ("mem_peak_bytes", "peak allocated")] if is_cuda
               else [("rss_bytes", "process RSS"), ("mem_peak_bytes", "peak RSS")])
+    # The unit the Peak memory tile beside it uses for the same bytes (engine.display).
+    unit = memory_unit(frame[column].max() for column, _label in series if column in frame)
+    fig = _figure(f"Memory ({unit})", "step", unit)
     for column, label in series:
         if column in frame and frame[column].notna().any():
-            fig.add_trace(go.Scatter(x=frame["step"], y=frame[column] / 2**30,
+            fig.add_trace(go.Scatter(x=frame["step"], y=frame[column] / MEMORY_UNITS[unit],
                                      mode=line_mode(len(frame)), name=label))
     return fig
 

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from engine.diagnostics.check import CheckFailed, run_check_subprocess
-from pages.ui import cached_devices, ensure_app_shell, fmt_bytes, plain
+from engine.display import NA, memory_text
+from pages.ui import cached_devices, ensure_app_shell, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -112,7 +113,7 @@ def show_nvml(result: dict) -> None:
                    help=f"enforced limit {_n(nvml.get('power_limit_w'))} W")
     cols[2].metric("Temperature", f"{_n(nvml.get('temp_c'))} °C",
                    help=f"slowdown at {nvml.get('temp_slowdown_c') or 'n/a'} °C")
-    cols[3].metric("Memory used", fmt_bytes(nvml.get("gpu_mem_used_bytes")))
+    cols[3].metric("Memory used", memory_text(nvml.get("gpu_mem_used_bytes")))
     reasons = nvml.get("throttle_reasons")
     if nvml.get("throttled"):
         st.warning(f"Clocks held down: {', '.join(reasons)}")
@@ -136,7 +137,7 @@ def show_result(result: dict) -> None:
     st.caption(f"{plain(result['device']['name'])} · checked in {result['elapsed_s']:.1f} s "
                f"(budget {result.get('time_budget_s', 0):.0f} s) · slow = under half the "
                "datasheet peak, or emulated, or matrix work off the Tensor Cores")
-    st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch")
+    st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch", placeholder=NA)
     figure = achieved_vs_peak_figure(result)
     if figure is not None:
         st.plotly_chart(theme=None, figure_or_data=figure, width="stretch")
@@ -151,7 +152,7 @@ def show_result(result: dict) -> None:
                              + (f" · GPM tensor util {line['gpm_tensor_util_pct']:.0f}%"
                                 if line.get("gpm_tensor_util_pct") is not None else "")):
                 st.dataframe(pd.DataFrame(line["kernels"]), hide_index=True,
-                             width="stretch")
+                             width="stretch", placeholder=NA)
                 if line.get("gpm_note"):
                     st.caption(f"NVML GPM: {line['gpm_note']}")
     st.subheader("NVML snapshot")

@@ -17,11 +17,12 @@ from engine.analysis.compare import (
     display_names,
     summary_table,
 )
-from engine.analysis.findings import findings, mfu_text
+from engine.analysis.findings import findings
+from engine.analysis.summary_text import MAIN_COLUMNS, NOTE, summary_strings
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import differs_words, explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
-from engine.analysis.traces import share_text, short_kernel_name
+from engine.analysis.traces import short_kernel_name
 from engine.analysis.whatif import summary_projection
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
@@ -29,9 +30,10 @@ from engine.presets import launch_many, numerics_demo_configs
 from engine.report.figures import X_STEP, X_WALL, comparison_figures
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
+from engine.display import NA
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
-from pages.ui import ensure_app_shell, fmt_bytes, get_store, plain, show_caveat, status_badge
+from pages.ui import ensure_app_shell, get_store, plain, show_caveat, status_badge
 from pages.whatif_view import TITLE as WHATIF_TITLE
 from pages.whatif_view import draw_projection
 
@@ -180,46 +182,12 @@ st.caption("Medians over steady-state steps (warm-up and profiler-window steps e
            "The throughput interval covers each run's own step-to-step spread, not the "
            "machine's drift between separate runs: for a figure to quote, run a Speedup check "
            "(Launch page). Loss tolerance: how far a final loss may differ from the "
-           "baseline's and still be noise (the findings use the same figure). n/a: not "
-           "measured for that run.")
-SUMMARY_COLUMNS = ["name", "run_id", "status", "throughput_per_s", "throughput_unit",
-                   "throughput_x", "throughput_interval", "machine", "step_time_ms",
-                   "peak_memory", "mem_saved_pct", "final_loss", "final_loss_diff_pct",
-                   "loss_tolerance_pct", "max_batch_fit", "skipped_steps",
-                   "tensor_core_share", "mfu", "steady_basis"]
-shown_table = table.assign(
-    throughput_interval=[f"{low:.2f}-{high:.2f}x" if low is not None else ""
-                         for low, high in zip(table["throughput_x_low"], table["throughput_x_high"])],
-    machine=["busy: unreliable" if busy else "quiet" if busy is False else "not measured"
-             for busy in table["busy"]],
-    # One memory unit everywhere (binary: MiB, GiB), as in the findings.
-    peak_memory=[fmt_bytes(v) for v in table["peak_mem_bytes"]],
-    # Shares as the findings and the report write them: never "100%" for 0.99998
-    tensor_core_share=[share_text(v, 1) if pd.notna(v) else "n/a"
-                       for v in table["tensor_core_share"]],
-    mfu=[mfu_text(v) if pd.notna(v) else "n/a" for v in table["mfu"]])
-st.dataframe(
-    shown_table[SUMMARY_COLUMNS], key="compare_summary", hide_index=True,
-    column_config={
-        "name": st.column_config.TextColumn("run"),
-        "throughput_per_s": st.column_config.NumberColumn("throughput (/s)", format="%.1f"),
-        "throughput_unit": st.column_config.TextColumn("unit"),
-        "throughput_x": st.column_config.NumberColumn("throughput x", format="%.2fx"),
-        "step_time_ms": st.column_config.NumberColumn("step time (ms)", format="%.1f"),
-        "throughput_interval": st.column_config.TextColumn("95 % interval"),
-        "machine": st.column_config.TextColumn("machine"),
-        "peak_memory": st.column_config.TextColumn("peak memory"),
-        "mem_saved_pct": st.column_config.NumberColumn("memory saved (%)", format="%+.1f"),
-        "final_loss": st.column_config.NumberColumn("final loss", format="%.4f"),
-        "final_loss_diff_pct": st.column_config.NumberColumn("loss diff (%)", format="%+.2f"),
-        "loss_tolerance_pct": st.column_config.NumberColumn("loss tolerance (±%)",
-                                                            format="%.2g"),
-        "max_batch_fit": st.column_config.NumberColumn("max batch fit"),
-        "skipped_steps": st.column_config.NumberColumn("skipped steps"),
-        "tensor_core_share": st.column_config.TextColumn("Tensor-Core share"),
-        "mfu": st.column_config.TextColumn("MFU"),
-        "steady_basis": st.column_config.TextColumn("timing basis"),
-    })
+           "baseline's and still be noise (the findings use the same figure). " + NOTE)
+# The columns a person reads at 1280 px; the rest (run id, units, tolerances, batch fit...)
+# in the expander. The same strings as the report's (engine.analysis.summary_text).
+st.dataframe(summary_strings(table, MAIN_COLUMNS), key="compare_summary", hide_index=True, placeholder=NA)
+with st.expander("Every summary column"):
+    st.dataframe(summary_strings(table), key="compare_summary_all", hide_index=True, placeholder=NA)
 
 st.subheader("Findings")
 statements = findings(table, {r.id: r for r in runs}, run_dir=store.run_dir)
@@ -265,7 +233,7 @@ for other in (r for r in runs if r.id != baseline):
         if caveat["text"] not in caveats_shown:
             caveats_shown.add(caveat["text"])
             show_caveat(caveat)
-    st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}")
+    st.dataframe(parts_rows(diff), hide_index=True, key=f"compare_parts_{other.id}", placeholder=NA)
     only = [*(("only in " + names[baseline], r) for r in diff["only_in_a"][:5]),
             *(("only in " + names[other.id], r) for r in diff["only_in_b"][:5])]
     if only:
@@ -283,7 +251,7 @@ if diff.empty:
     st.caption("The selected runs' configs are identical." if len(runs) > 1
                else "One run selected: nothing to compare.")
 else:
-    st.dataframe(diff, key="compare_config_diff", hide_index=True)
+    st.dataframe(diff, key="compare_config_diff", hide_index=True, placeholder=NA)
 
 st.download_button(
     "Download HTML report", key="compare_download", mime="text/html", on_click="ignore",
@@ -331,7 +299,7 @@ def numerics_section() -> None:
         "Show gradients × loss scale (what fp16-amp's GradScaler stores)", key="numerics_scaled")
     st.plotly_chart(theme=None, figure_or_data=histogram_figure(records, step, kind, times_scale), key="numerics_hist")
     rows = pd.DataFrame([r for r in fractions_rows(records, step) if r["kind"] == kind])
-    st.dataframe(rows, key="numerics_table", hide_index=True)
+    st.dataframe(rows, key="numerics_table", hide_index=True, placeholder=NA)
     st.caption(
         "underflow: would round to 0 in fp16; subnormal: would keep fewer significant bits; "
         "overflow: would become inf. '_scaled' columns: the same for values × the run's loss "

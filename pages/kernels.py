@@ -21,11 +21,11 @@ from engine.analysis.explain import (
     only_in_rows,
     parts_rows,
     run_rank_traces,
-    speedup_text,
     window_note,
 )
 from engine.analysis.trace_parser import load_trace
-from engine.analysis.traces import share_text, short_kernel_name
+from engine.analysis.traces import short_kernel_name
+from engine.display import NA, ratio_text, share_text
 from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
@@ -133,7 +133,7 @@ def parts_table(accounting: dict, key: str) -> None:
     rows = [{"part": part, "time_ms_per_step": round(us / 1000, 3),
              "share_of_step": _pct(shares.get(part))}
             for part, us in (accounting.get("parts_per_step_us") or {}).items() if us]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key=key)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key=key, placeholder=NA)
 
 
 def gpu_accounting(accounting: dict) -> None:
@@ -168,17 +168,17 @@ def gpu_accounting(accounting: dict) -> None:
                    "step launched, over its own GPU span; lag = how long after the step began "
                    "its first GPU work started)")
         st.dataframe(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
-                     hide_index=True, key="gpu_steps")
+                     hide_index=True, key="gpu_steps", placeholder=NA)
         with st.expander("Communication and copies per step"):
             st.dataframe(pd.DataFrame([_step_comm_row(row) for row in accounting["steps"]]),
-                         hide_index=True, key="gpu_steps_comm")
+                         hide_index=True, key="gpu_steps_comm", placeholder=NA)
     st.caption("Per stream")
     st.dataframe(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
-                 hide_index=True, key="gpu_streams")
+                 hide_index=True, key="gpu_streams", placeholder=NA)
     if accounting.get("copies"):
         st.caption("Copies by direction")
         st.dataframe(pd.DataFrame([_copy_row(row) for row in accounting["copies"]]),
-                     hide_index=True, key="gpu_copies")
+                     hide_index=True, key="gpu_copies", placeholder=NA)
 
 
 # The same columns, units and share wording as `python -m engine kernels TRACE`.
@@ -215,6 +215,9 @@ def _copy_row(row: dict) -> dict:
 
 
 # Key columns first (what, how long, on Tensor Cores?), the full kernel name last.
+TOP_KERNEL_COLUMNS = ["kernel", "time_ms", "count", "tensor_core", "dtype", "category"]
+
+
 def _kernel_row(row: dict) -> dict:
     return {"kernel": short_kernel_name(row["name"]), "time_ms": row["total_us"] / 1000,
             "count": row["count"], "tensor_core": row["tensor_core"], "dtype": row["dtype"],
@@ -264,19 +267,31 @@ def gpu_report(result: dict) -> None:
                f"cover {scope}.")
     category_chart(result)
     st.subheader("Top kernels")
-    st.dataframe(pd.DataFrame([_kernel_row(row) for row in result.get("top_kernels") or []]),
-                 hide_index=True, key="top_kernels")
+    top = pd.DataFrame([_kernel_row(row) for row in result.get("top_kernels") or []])
+    # What fits 1280 px; the rule that decided each verdict and the full names below it.
+    st.dataframe(top, hide_index=True, key="top_kernels", column_order=TOP_KERNEL_COLUMNS,
+                 column_config={"time_ms": st.column_config.NumberColumn("time (ms)",
+                                                                         format="%.3f")}, placeholder=NA)
+    with st.expander("Why each verdict, and the full kernel names"):
+        st.dataframe(top, hide_index=True, key="top_kernels_why",
+                     column_order=["kernel", "why", "name"], placeholder=NA)
     could = result.get("could_have_didnt") or []
     st.subheader("Could have, didn't")
     if could:
         st.caption("Matrix ops whose kernels ran without Tensor Cores, with the likely cause.")
-        st.dataframe(pd.DataFrame([_could_row(row) for row in could]), hide_index=True,
-                     key="could_have")
+        for row in could:  # op names and causes come from the trace: plain text
+            st.markdown(f"- **{plain(row['cpu_op'])}**: {row['without_tensor_core_us'] / 1000:,.3f} ms "
+                        f"without Tensor Cores ({_pct(row['without_tensor_core_share'])} of its "
+                        f"matrix time, {plain(', '.join(row['dtypes']))}). "
+                        f"{plain('; '.join(row['likely_causes']))}")
+        with st.expander("As a table, with the kernels"):
+            st.dataframe(pd.DataFrame([_could_row(row) for row in could]), hide_index=True,
+                         key="could_have", placeholder=NA)
     else:
         st.caption("No matrix op ran without Tensor Cores in this window.")
     with st.expander("Per CPU op"):
         st.dataframe(pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
-                     hide_index=True, key="per_op")
+                     hide_index=True, key="per_op", placeholder=NA)
     if (result.get("accounting") or {}).get("kind") == "gpu":
         gpu_accounting(result["accounting"])
 
@@ -300,11 +315,11 @@ def cpu_accounting(result: dict) -> None:
         st.caption(f"Matrix ops and the oneDNN primitive behind them (self time over the whole "
                    f"window, {steps} step(s))")
         st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["matrix_ops"]]),
-                     hide_index=True, key="cpu_matrix_ops")
+                     hide_index=True, key="cpu_matrix_ops", placeholder=NA)
     st.caption(f"CPU ops by self time over the whole window ({steps} step(s); the parts table "
                "above is per step)")
     st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["ops"]]),
-                 hide_index=True, key="cpu_ops")
+                 hide_index=True, key="cpu_ops", placeholder=NA)
 
 
 def _ms_columns(row: dict) -> dict:
@@ -331,15 +346,15 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     cols[0].metric(f"Step, A ({label_a})", _ms(diff["step_time_a_us"]))
     cols[1].metric(f"Step, B ({label_b})", _ms(diff["step_time_b_us"]))
     speedup = diff.get("step_speedup")
-    cols[2].metric("B against A (profiled steps)", speedup_text(speedup),
+    cols[2].metric("B against A (profiled steps)", ratio_text(speedup),
                    help="A's step time over B's: above 1, B is faster")
-    st.dataframe(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts")
+    st.dataframe(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts", placeholder=NA)
     st.caption(f"A is {diff['bound_by_a']['label']}; B is {diff['bound_by_b']['label']}.")
     for key, who in (("only_in_a", "A"), ("only_in_b", "B")):
         if diff[key]:
             st.caption(f"Only in {who} (kernels or ops the other run does not have)")
             st.dataframe(pd.DataFrame(only_in_rows(diff[key])), hide_index=True,
-                         key=f"diff_{key}")
+                         key=f"diff_{key}", placeholder=NA)
 
 
 def report(result: dict) -> None:
@@ -373,7 +388,7 @@ def cpu_report(evidence: dict) -> None:
     primitives = evidence.get("primitives") or []
     if primitives:
         st.dataframe(pd.DataFrame(primitive_summary(primitives)), hide_index=True,
-                     key="onednn_primitives")
+                     key="onednn_primitives", placeholder=NA)
     else:
         st.caption("oneDNN recorded no matrix primitive in the window.")
 
@@ -414,13 +429,13 @@ def trace_set_report(result: dict) -> None:
              "comm. (ms)": _ms_or_na(row["communication_us"]),
              "exposed comm. (ms)": _ms_or_na(row["exposed_communication_us"]),
              "waiting (ms)": _ms_or_na(row.get("waiting_us"))} for row in result["ranks"]]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="rank_table")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="rank_table", placeholder=NA)
     with st.expander("Per-rank files and totals"):
         st.dataframe(pd.DataFrame([{
             "rank": row["rank"], "trace": row["source"], "steps": row["step_count"],
             "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct(row["busy_share"]),
             "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
-            for row in result["ranks"]]), hide_index=True, key="rank_files")
+            for row in result["ranks"]]), hide_index=True, key="rank_files", placeholder=NA)
     if result.get("collectives_note"):
         st.caption(plain(result["collectives_note"]))
     figure = go.Figure(go.Bar(

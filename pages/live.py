@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine.analysis.findings import both_mfu_words, mfu_text, peak_words
+from engine.analysis.findings import both_mfu_words, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
 from engine.analysis.explain import window_note
 from engine.analysis.live import (
@@ -24,7 +24,17 @@ from engine.analysis.live import (
 )
 from engine.analysis.stall import stall_of, stall_words
 from engine.analysis.whatif import summary_projection
-from engine.analysis.traces import share_text
+from engine.display import (
+    MEMORY_UNITS,
+    NA,
+    loss_text,
+    memory_text,
+    memory_unit,
+    mfu_text,
+    share_text,
+    step_time_text,
+    throughput_text,
+)
 from engine.run.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.batch_search import (
@@ -48,7 +58,6 @@ from pages.ui import (
     VERDICT_COLOURS,
     coloured,
     ensure_app_shell,
-    fmt_bytes,
     fmt_duration,
     fmt_num,
     get_store,
@@ -181,23 +190,23 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     last = frame.iloc[-1] if len(frame) else None
     head = live_headline(summary, run.config.model, frame)
     cols = st.columns(5)
-    cols[0].metric("Loss", fmt_num(None if last is None else last["loss"]),
+    cols[0].metric("Loss", loss_text(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
     cols[1].metric(head.throughput_unit.capitalize(),  # "Tokens/s": short enough to show
-                   fmt_num(head.throughput, 5),
+                   throughput_text(head.throughput),
                    help="Median over steady-state steps (warm-up and profiler window "
                         "excluded): the same figure as on Runs, Compare, the report and the CLI")
-    cols[2].metric("Step time", fmt_num(head.step_time_ms, 4, " ms"),
+    cols[2].metric("Step time", step_time_text(head.step_time_ms),
                    help="Median over steady-state steps, as on Runs, Compare and the report")
     busy = busy_words(summary, frame)
     if busy:
         st.warning(busy)
-    cols[3].metric("Peak memory", fmt_bytes(head.peak_mem_bytes),
+    cols[3].metric("Peak memory", memory_text(head.peak_mem_bytes),
                    help="CUDA: peak allocated. CPU: peak resident set size of the process")
     # The tile is chosen by whether a peak is known (fixed before the first step), not by
     # whether a value has arrived yet, so it does not flip between the two while running.
     if summary.get("peak_flops"):
-        cols[4].metric("MFU", mfu_text(head.mfu) if head.mfu else "n/a",
+        cols[4].metric("MFU", mfu_text(head.mfu),
                        help=f"Against the {peak_words(summary)}. "
                             f"{summary.get('mfu_note') or ''}")
     else:
@@ -304,7 +313,7 @@ def skip_ledger_block(run) -> None:
     st.subheader("Skipped steps: where fp16 overflowed")
     st.caption(plain(sentence))  # layer names are the workload's: never Markdown
     st.dataframe(pd.DataFrame(ledger_rows(ledger)), hide_index=True, width="stretch",
-                 key="skip_ledger_table")
+                 key="skip_ledger_table", placeholder=NA)
 
 
 def telemetry_block(run) -> None:
@@ -339,9 +348,11 @@ def telemetry_block(run) -> None:
         left.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(frame, [("cpu_pct", "worker CPU %")],
                                                   "CPU utilisation (100 % = one core)", "%"),
                           key="tele_cpu")
-        rss = frame.assign(rss_gib=frame["rss_bytes"] / 2**30)
-        right.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(rss, [("rss_gib", "worker RSS GiB")],
-                                                   "Resident memory", "GiB"), key="tele_rss")
+        unit = memory_unit([frame["rss_bytes"].max()])
+        rss = frame.assign(rss_in_unit=frame["rss_bytes"] / MEMORY_UNITS[unit])
+        right.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(
+            rss, [("rss_in_unit", f"worker RSS {unit}")], "Resident memory", unit),
+            key="tele_rss")
         st.caption("No NVIDIA GPU on this run: NVML telemetry (utilisation, power, clocks, "
                    "throttling) applies to CUDA runs only.")
 

@@ -18,6 +18,14 @@ from engine.analysis.runs import (
     tags_text,
 )
 from engine.config import ConfigError, ModelName, Precision, choices
+from engine.display import (
+    LOSS_PRINTF,
+    NA,
+    THROUGHPUT_PRINTF,
+    memory_printf,
+    memory_unit,
+    memory_value,
+)
 from engine.run.launcher import reconcile
 from engine.schema import STATUSES
 from engine.store import RunActive, RunNotFound
@@ -41,14 +49,16 @@ search = top_left.text_input("Search", key="runs_search", placeholder="run id, l
                              help="Case-insensitive, in the run id, label, note and tags")
 tag_text = top_right.text_input("Tags", key="runs_tags", placeholder="team=infra, baseline",
                                 help="key=value, or a bare key for any value; comma-separated")
-cols = st.columns([2, 2, 2, 3, 3, 2])
-status_filter = cols[0].multiselect("Status", STATUSES, key="runs_status")
-precision_filter = cols[1].multiselect("Precision", choices(Precision), key="runs_precision")
-model_filter = cols[2].multiselect("Model", choices(ModelName), key="runs_model")
+cols = st.columns(5)
+status_filter = cols[0].multiselect("Status", STATUSES, key="runs_status", placeholder="any")
+precision_filter = cols[1].multiselect("Precision", choices(Precision), key="runs_precision",
+                                       placeholder="any")
+model_filter = cols[2].multiselect("Model", choices(ModelName), key="runs_model",
+                                   placeholder="any")
 since = cols[3].date_input("Created from", value=None, key="runs_since")
 until = cols[4].date_input("Created until", value=None, key="runs_until")
-show_archived = cols[5].toggle("Show archived", key="runs_archived",
-                               help="Archived runs are hidden from this list unless this is on")
+show_archived = st.toggle("Show archived", key="runs_archived",
+                          help="Archived runs are hidden from this list unless this is on")
 try:
     tag_filter = parse_tag_filter(tag_text)
 except ConfigError as exc:
@@ -73,8 +83,20 @@ table = pd.DataFrame(rows, columns=list(run_row(runs[0]).keys()))
 if len(table):
     table["status"] = [status_badge(s) for s in table["status"]]
     table["archived"] = ["archived" if a else "" for a in table["archived"]]
-for column in ("duration_s", "throughput", "peak_mem_gib", "final_loss", "mfu_pct"):
-    table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN renders blank
+# One memory unit for the column (MiB, or GiB once a run reaches 1 GiB), in the header.
+memory_column_unit = memory_unit(table["peak_mem_bytes"])
+table["peak_memory"] = [memory_value(v, memory_column_unit) for v in table["peak_mem_bytes"]]
+for column in ("duration_s", "throughput", "peak_memory", "final_loss", "mfu_pct"):
+    table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN: the grid's "n/a"
+# What a person scans at 1280 px; the label carries model, precision and batch size.
+MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "peak_memory", "final_loss",
+                "mfu_pct", "created"]
+MORE_COLUMNS = ["run_id", "device", "model", "precision", "batch_size", "duration_s", "tags",
+                "note", "reason"]
+with st.expander("More columns"):
+    more = st.multiselect("Also show", MORE_COLUMNS, key="runs_more_columns",
+                          help="Columns beyond the ones that fit a laptop screen")
+shown_columns = MAIN_COLUMNS + more + (["archived"] if show_archived else [])
 # The selection is by row position: after an action changes the rows, a new key starts the
 # table with nothing selected, so a position never points at another run.
 TABLE_VERSION_KEY = "runs_table_version"
@@ -90,25 +112,29 @@ def changed_rows() -> None:
 
 
 event = st.dataframe(
-    table if show_archived else table.drop(columns=["archived"]), key=table_key(),
+    table, key=table_key(), column_order=shown_columns,
     hide_index=True, on_select="rerun",
     selection_mode="multi-row",
     column_config={
-        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+        "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm",
+                                                   help="Local time; the year and seconds "
+                                                        "are in the run's details"),
+        "run_id": st.column_config.TextColumn("run id"),
         "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
-        "label": st.column_config.TextColumn("label", width="large",
-                                             help="The run's label (full text on hover)"),
+        "label": st.column_config.TextColumn("label", help="The run's label (full text on "
+                                                          "hover)"),
         "throughput": st.column_config.NumberColumn(
-            "throughput (steady median)", format="%.1f",
+            "throughput", format=THROUGHPUT_PRINTF,
             help="Median over steady-state steps: the same figure as on Live, Compare, the "
                  "report and the CLI"),
-        "peak_mem_gib": st.column_config.NumberColumn("peak mem (GiB)", format="%.3f"),
-        "final_loss": st.column_config.NumberColumn(format="%.4f"),
-        "mfu_pct": st.column_config.NumberColumn("MFU (%)", format="%.1f"),
+        "peak_memory": st.column_config.NumberColumn(f"peak mem ({memory_column_unit})",
+                                                     format=memory_printf(memory_column_unit)),
+        "final_loss": st.column_config.NumberColumn("final loss", format=LOSS_PRINTF),
+        "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.1f"),
         "tags": st.column_config.TextColumn("tags", width="medium"),
         "note": st.column_config.TextColumn("note", width="medium"),
         "reason": st.column_config.TextColumn("reason", width="medium"),
-    })
+    }, placeholder=NA)
 selected_ids = [table.iloc[i]["run_id"] for i in (event.selection.rows if event else [])
                 if i < len(table)]
 if not selected_ids:

@@ -11,7 +11,8 @@ from pathlib import Path
 import streamlit as st
 
 from engine.support import torch_support
-from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, fmt_bytes, plain
+from engine.display import memory_text
+from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, plain
 
 PAGES = [
     ("pages/launch.py", "Launch", ":material/rocket_launch:"),
@@ -51,7 +52,7 @@ def device_card() -> None:
             st.caption("No NVIDIA GPU found (no NVML driver, or a CPU-only PyTorch build): "
                        "runs use the CPU; GPU-only modes are marked unsupported.")
         for dev in (gpus or []) + [d for d in devices if d.kind == "cpu"]:
-            memory = fmt_bytes(dev.memory_bytes) if dev.memory_bytes else "n/a"
+            memory = memory_text(dev.memory_bytes)
             st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
             with st.expander("What each precision mode means here", expanded=False):
                 for mode, support in dev.modes.items():

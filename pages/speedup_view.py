@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.analysis.drift import drift_cell
-from engine.analysis.speedup import method_words, stored_verdict
+from engine.analysis.speedup import method_words
+from engine.analysis.summary_text import speedup_rows
 from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
-from pages.ui import fmt_bytes, fmt_num, plain
-
-
-def _row_cells(row: dict, result: dict) -> dict:
-    baseline = result.get("baseline")
-    interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}" if row.get("ci_low") is not None
-                and row["mode"] != baseline else "")
-    _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
-    return {"mode": row["mode"], "median step (ms)": fmt_num(row.get("median_step_ms"), 4),
-            "throughput (samples/s)": fmt_num(row.get("samples_per_s"), 5),
-            "speedup": fmt_num(row.get("speedup"), 3), "95 % interval": interval,
-            "peak memory": fmt_bytes(row.get("peak_mem_bytes")),
-            "loss vs baseline": "" if row["mode"] == baseline else drift_cell(row.get("drift"), "drift" in row),
-            "blocks": row.get("blocks"), "verdict": verdict}
+from engine.display import NA
+from pages.ui import plain
 
 
 def draw_speedup(result: dict, key: str, active: bool = False) -> None:
@@ -48,9 +36,7 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
     memory = memory_by_kind_figure(result)
     if memory is not None:
         st.plotly_chart(theme=None, figure_or_data=memory, key=f"{key}_memory")
-    baseline = result.get("baseline")
-    st.dataframe([_row_cells(row, result) for row in result.get("modes", [])],
-                 hide_index=True, width="stretch")
+    st.dataframe(speedup_rows(result), hide_index=True, width="stretch", placeholder=NA)
     st.caption(method_words(result))
     for finding in result.get("findings") or []:
         st.markdown(f"- {plain(finding)}")

@@ -38,6 +38,7 @@ from engine.cluster.sweep import (
 from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, choices
 from engine.run.launcher import reconcile, stop
 from engine.schema import SWEEP_RUNNING
+from engine.display import NA
 from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -231,7 +232,7 @@ def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
     st.markdown(f"**{view.status}** on {where} · {len(view.runs)} runs: {counts_text(view.counts)}")
     if sweep.reason:
         st.error(f"Sweep failed: {plain(sweep.reason)}")
-    st.dataframe(runs_table(view), key="sweep_runs", hide_index=True)
+    st.dataframe(runs_table(view), key="sweep_runs", hide_index=True, placeholder=NA)
     matrix = results_matrix(view, metric)
     for model in view.grid.models:
         st.plotly_chart(theme=None, figure_or_data=heatmap(model, matrix), key=f"heatmap_{model}")

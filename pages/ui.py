@@ -153,17 +153,6 @@ def status_words(status: str) -> str:
     return coloured(status, STATUS_COLOURS.get(status))
 
 
-def fmt_bytes(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:,.1f} {unit}" if unit != "B" else f"{value:,.0f} B"
-        value /= 1024
-    return f"{value:,.1f} TiB"
-
-
 def fmt_num(value, digits: int = 4, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"

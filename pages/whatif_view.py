@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.whatif import projection_rows, rate_words
+from engine.display import NA
 from pages.ui import plain
 
 TITLE = "What if the matrix work ran at another rate? (a projection)"
@@ -20,4 +21,4 @@ def draw_projection(proj: dict, key: str) -> None:
     st.caption(plain(f"Today: {current['dtype']} matrix work, against a "
                      f"{rate_words(current['flops_per_s'])} peak ({current['basis']}). This is "
                      f"{proj['assumes']}."))
-    st.dataframe(pd.DataFrame(projection_rows(proj)), hide_index=True, key=key)
+    st.dataframe(pd.DataFrame(projection_rows(proj)), hide_index=True, key=key, placeholder=NA)

@@ -25,6 +25,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 REQUIRE_ENV = "PRECISION_LAB_REQUIRE_BROWSER"
 SCREENSHOTS_ENV = "PRECISION_LAB_SCREENSHOTS"
 README_SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+SCREENSHOT_WIDTH_PX = 1280  # docs/screenshots/ show the pages at a laptop's width
 HOME_ENV = "PRECISION_LAB_HOME"
 
 
@@ -362,11 +363,11 @@ def screenshot(page, name: str, tmp_dir: Path) -> Path:
     # Streamlit scrolls inside stMain, not the document, so full_page alone stops at the
     # viewport: grow the viewport to the content's height for the shot, then restore it.
     page.evaluate("() => document.activeElement && document.activeElement.blur()")
-    size = page.viewport_size
+    size = page.viewport_size  # shots at a laptop's width, whatever the test's viewport
     height = page.evaluate("""() => Math.max(...Array.from(document.querySelectorAll(
         '[data-testid="stMain"], [data-testid="stSidebarContent"]')).map(e => e.scrollHeight))""")
-    page.set_viewport_size({"width": size["width"], "height": min(max(height, size["height"]),
-                                                                   6000)})
+    page.set_viewport_size({"width": SCREENSHOT_WIDTH_PX,
+                            "height": min(max(height, size["height"]), 6000)})
     try:
         page.wait_for_timeout(500)  # let plotly and the grid relayout
         page.screenshot(path=str(path), full_page=True)

@@ -139,7 +139,8 @@ WING_ORDER = ("base", "store", "hardware", "analysis", "report", "admission", "t
               "diagnostics", "run", "presets", "cluster", "cli", "entry")
 # Top-level modules with no wing of their own: the shared names every wing reads.
 BASE_MODULES = frozenset({"engine", "engine.config", "engine.schema", "engine.proc",
-                          "engine.architectures", "engine.workloads", "engine.support"})
+                          "engine.architectures", "engine.workloads", "engine.support",
+                          "engine.display"})
 
 
 def wing_of(module: str) -> str:

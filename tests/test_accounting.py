@@ -20,7 +20,7 @@ from engine.analysis.accounting import PARTS, cpu_op_part, part_shares, time_acc
 from engine.analysis.bound import bound_by
 from engine.analysis.explain import analyze
 from engine.analysis.trace_parser import load_trace
-from engine.analysis.traces import share_text
+from engine.display import share_text
 
 TRACES = Path(__file__).parent / "data" / "traces"
 

@@ -197,5 +197,11 @@ def test_pages_browser_times_every_page_and_the_first_point():
     assert_finite(result["cold_launch_page_s"], "cold_launch_page_s")
     assert_finite(result["first_point"]["first_launch_s"], "first launch")
     assert len(result["launches"]) == 2 and all(l["run_id"] for l in result["launches"])
+    # Streamlit's own floor, measured beside the pages, and each page against it
+    assert len(result["floor"]) == 2
+    for name, figures in result["floor"].items():
+        assert_finite(figures["median"], name)
+    assert set(result["x_floor"]) == set(result["page_s"])
+    assert all(ratio > 0 for ratio in result["x_floor"].values())
     # the goals are reported, not asserted: a missed one is named
     assert isinstance(result["missed"], list) and result["met"] == (not result["missed"])

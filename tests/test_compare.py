@@ -112,7 +112,7 @@ def test_findings_say_faster_slower_and_why_with_the_tables_numbers(store, three
     runs = {run_id: store.get_run(run_id) for run_id in (base, fast, slow)}
     text = findings(table, runs)
     by_name = {line.split(":")[0]: line for line in text}
-    assert by_name["Baseline fp32"].startswith("Baseline fp32: 160.0 samples/s, 100.0 ms per step")
+    assert by_name["Baseline fp32"].startswith("Baseline fp32: 160.0 samples/s, 100.00 ms per step")
 
     bf16 = by_name["bf16-amp"]
     assert "2.0x faster than fp32" in bf16

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.analysis.compare import summary_table
 from engine.analysis.findings import findings
+from engine.analysis.summary_text import MAIN_COLUMNS, summary_strings
 from engine.schema import NUMERICS_FILENAME
 from engine.store import Store
 from engine.training.numerics import NumericsProbe
@@ -68,11 +69,14 @@ def test_compare_page_draws_the_preset_with_the_engines_numbers(lab):
         assert _values(trace["y"]) == pytest.approx(store.read_metrics(run_id)["loss"].tolist())
 
     expected = summary_table(store, ids)
-    shown = at.dataframe[0].value  # the summary table comes first
-    assert list(shown["run_id"]) == ids
-    for column in ("throughput_x", "step_time_ms", "final_loss", "mem_saved_pct",
-                   "final_loss_diff_pct", "skipped_steps"):
-        assert shown[column].tolist() == pytest.approx(expected[column].tolist()), column
+    # The summary comes first: the columns that fit 1280 px, then every column (expander),
+    # in the strings the report prints (engine.analysis.summary_text).
+    main, every = at.dataframe[0].value, at.dataframe[1].value
+    assert list(every["run id"]) == ids
+    assert every.to_dict("list") == summary_strings(expected).to_dict("list")
+    assert main.to_dict("list") == summary_strings(expected, MAIN_COLUMNS).to_dict("list")
+    assert list(main.columns)[:3] == ["run", "throughput x", "95 % interval"]
+    assert "None" not in every.to_numpy().tolist() and "nan" not in every.to_numpy().tolist()
 
     # The page escapes markdown characters; unescaped, every finding is there verbatim.
     text = re.sub(r"\\(.)", r"\1", "\n".join(md.value for md in at.markdown))
@@ -106,8 +110,8 @@ def test_smoothing_wall_time_and_log_scale_controls(lab):
 
     # Another baseline: the table follows it.
     at.selectbox(key="compare_baseline").set_value(ids[2]).run()
-    shown = at.dataframe[0].value.set_index("run_id")
-    assert shown.loc[ids[2], "throughput_x"] == 1.0
+    shown = at.dataframe[1].value.set_index("run id")
+    assert shown.loc[ids[2], "throughput x"] == "1.00x"
 
 
 @pytest.mark.slow
@@ -115,7 +119,7 @@ def test_default_selection_without_a_preset_and_config_diff(lab):
     store, ids = lab
     at = _compare_page()
     assert at.multiselect(key="compare_runs").value == ids  # newest finished group
-    diff = at.dataframe[1].value
+    diff = at.dataframe[2].value  # after the summary's two tables
     assert list(diff["field"]) == ["precision"]
 
 
@@ -220,9 +224,10 @@ def test_page_handles_a_run_without_metrics_and_a_single_run(home):
     queued = store.create_run(tiny_config("bf16-amp"), "cpu", "test cpu")  # no rows yet
     at = _compare_page(preset_ids=[done, queued])
     assert at.multiselect(key="compare_runs").value == [done, queued]
-    table = at.dataframe[0].value.set_index("run_id")
-    assert table.loc[queued, "steady_basis"] == "none"
-    assert pd.isna(table.loc[queued, "throughput_x"])
+    table = at.dataframe[1].value.set_index("run id")
+    assert table.loc[queued, "timing basis"] == "none"
+    assert table.loc[queued, "throughput x"] == "n/a"  # never "None" or "nan"
+    assert table.loc[queued, "peak memory (MiB)"] == "n/a"
     assert any("still queued" in c.value for c in at.caption)
     at.multiselect(key="compare_runs").set_value([done]).run()
     assert not at.exception, at.exception

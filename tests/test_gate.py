@@ -77,7 +77,7 @@ def test_one_failure_fails_the_gate_even_beside_an_inconclusive_one():
     verdict = gate(reqs, _result(1.2, 1.4))  # speed straddles; memory 0.75 > 0.5 fails
     assert verdict["exit_code"] == GATE_FAIL and verdict["verdict"] == "failed"
     lines = gate_lines(verdict)
-    assert lines[1] == "gate: bf16-amp<=0.5: fail (peak memory 0.750x the baseline's (300 vs 400 MiB))"
+    assert lines[1] == "gate: bf16-amp<=0.5: fail (peak memory 0.750x the baseline's (300.0 vs 400.0 MiB))"
     assert lines[-1] == "gate: failed (exit 1)"
 
 

@@ -67,12 +67,17 @@ def test_pascal_run_says_no_tensor_cores_and_why(store):
     at = _kernels_page(run_id)
     assert at.error and "Tensor Cores: no" in at.error[0].value
     assert "GP100 has no Tensor Cores" in at.error[0].value
-    could = at.dataframe[1].value
-    assert list(could.columns[:2]) == ["cpu_op", "likely_causes"]  # the cause on screen
+    # Top kernels, its "why" table (expander), then "could have, didn't" as a table
+    # (expander) under one sentence per op: the cause on screen at any width.
+    top, why, could = (at.dataframe[i].value for i in range(3))
+    assert list(top.columns[:4]) == ["kernel", "time_ms", "count", "tensor_core"]
+    assert "why" in why.columns
+    assert list(could.columns[:2]) == ["cpu_op", "likely_causes"]
     assert any("no Tensor Core hardware" in causes for causes in could["likely_causes"])
     assert all(share.endswith("%") for share in could["share_of_its_matrix_time"])
-    top = at.dataframe[0].value
-    assert list(top.columns[:4]) == ["kernel", "time_ms", "count", "tensor_core"]
+    sentences = [m.value for m in at.markdown if "without Tensor Cores (" in m.value]
+    assert len(sentences) == len(could)
+    assert any("no Tensor Core hardware" in s for s in sentences)
 
 
 def test_cuda_run_without_kernel_events_is_an_error(store, tmp_path):

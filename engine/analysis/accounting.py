@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from engine.analysis.trace_parser import SPAN_PREFIXES, ParsedTrace, load_trace
-from engine.analysis.traces import share_text
+from engine.display import share_text
 
 PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
          "optimizer", "other", "idle")

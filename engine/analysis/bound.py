@@ -11,7 +11,7 @@ step promises a speedup the run cannot get.
 
 from __future__ import annotations
 
-from engine.analysis.traces import share_text
+from engine.display import share_text
 
 INPUT_SHARE = 0.2        # data-loader wait of the step at or above which input-bound
 COMMUNICATION_SHARE = 0.3  # exposed (not hidden) communication of the step

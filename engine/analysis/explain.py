@@ -28,9 +28,9 @@ from engine.analysis.traces import (
     UNATTRIBUTED_OP,
     breakdown,
     kernel_groups,
-    share_text,
     short_kernel_name,
 )
+from engine.display import ratio_text, share_text
 from engine.schema import RANK_TRACE_PATTERN, TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
@@ -443,13 +443,6 @@ def only_in_rows(rows: list[dict]) -> list[dict]:
              "note": row["note"] or "", "full name": row["name"]} for row in rows]
 
 
-def speedup_text(speedup: float | None) -> str:
-    """"2.00x"; a part many times slower keeps its digits ("0.0027x", not "0.00x")."""
-    if not speedup:
-        return "n/a"
-    return f"{speedup:.2f}x" if speedup >= 0.1 else f"{speedup:.2g}x"
-
-
 def parts_rows(diff: dict) -> list[dict]:
     """explain_diff's parts as table rows (ms per step, share of A's step, speedup)."""
     rows = []
@@ -460,10 +453,10 @@ def parts_rows(diff: dict) -> list[dict]:
                      f"{diff['label_a']} (ms/step)": round(part["a_us"] / 1000, 3),
                      f"{diff['label_b']} (ms/step)": round(part["b_us"] / 1000, 3),
                      "share of A's step": share_text(part["share_of_a"], 1),
-                     "speedup": speedup_text(part["speedup"])})
+                     "speedup": ratio_text(part["speedup"])})
     rows.append({"part": "step",
                  f"{diff['label_a']} (ms/step)": round(diff["step_time_a_us"] / 1000, 3),
                  f"{diff['label_b']} (ms/step)": round(diff["step_time_b_us"] / 1000, 3),
                  "share of A's step": "100.0 %",
-                 "speedup": speedup_text(diff["step_speedup"])})
+                 "speedup": ratio_text(diff["step_speedup"])})
     return rows

@@ -13,7 +13,14 @@ import pandas as pd
 from engine.analysis.compare import LOSS_NOISE_FLOOR_PCT, config_diff
 from engine.analysis.numerics import numerics_findings
 from engine.analysis.steady import BASIS_NON_WARMUP
-from engine.analysis.traces import share_text
+from engine.display import (
+    loss_text,
+    memory_text,
+    mfu_text,
+    share_text,
+    step_time_text,
+    throughput_text,
+)
 from engine.config import Precision
 from engine.schema import FINISHED
 from engine.store import RunRecord
@@ -87,13 +94,13 @@ def _comparability_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecor
 def _baseline_sentence(base: dict[str, Any], run: RunRecord | None) -> str:
     parts = []
     if base["throughput_per_s"] is not None:
-        parts.append(f"{base['throughput_per_s']:,.1f} {base['throughput_unit']}")
+        parts.append(throughput_text(base["throughput_per_s"], base["throughput_unit"]))
     if base["step_time_ms"] is not None:
-        parts.append(f"{base['step_time_ms']:,.1f} ms per step")
+        parts.append(f"{step_time_text(base['step_time_ms'])} per step")
     if base["peak_mem_bytes"] is not None:
-        parts.append(f"peak memory {_fmt_bytes(base['peak_mem_bytes'])}")
+        parts.append(f"peak memory {memory_text(base['peak_mem_bytes'])}")
     if base["final_loss"] is not None:
-        parts.append(f"final loss {base['final_loss']:.4g}")
+        parts.append(f"final loss {loss_text(base['final_loss'])}")
     if base["skipped_steps"]:
         parts.append(_skipped_text(base))
     text = f"Baseline {base['name']}: " + (", ".join(parts) if parts else "no steady-state numbers")
@@ -145,11 +152,6 @@ def both_mfu_words(summary: Mapping[str, Any]) -> str | None:
         else:
             parts.append(f"n/a {name}: {entry.get('label') or 'none known'}")
     return "MFU " + "; ".join(parts)
-
-
-def mfu_text(mfu: float) -> str:
-    """MFU as every surface writes it: "42.0 %"; a small one keeps two digits ("0.34 %")."""
-    return f"{mfu * 100:.1f} %" if mfu >= 0.01 else f"{mfu * 100:.2g} %"
 
 
 def _speed_text(row: dict[str, Any], base: dict[str, Any]) -> str:
@@ -278,13 +280,3 @@ def _closing_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecord]) ->
 
 def _fmt_x(x: float) -> str:
     return f"{x:.0f}x" if x >= 10 else f"{x:.1f}x" if x >= 1.995 else f"{x:.2f}x"
-
-
-def _fmt_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:,.0f} B" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} GiB"
-
-

@@ -18,6 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.display import memory_text, memory_unit
+
 GATE_PASS, GATE_FAIL, GATE_INCONCLUSIVE = 0, 1, 3
 SPEED, MEMORY = "speedup", "memory"
 _REQUIREMENT = re.compile(r"^\s*(?P<mode>[^<>=]+?)\s*(?P<op>>=|<=)\s*(?P<bound>[0-9]*\.?[0-9]+)\s*$")
@@ -102,7 +104,9 @@ def _judge_memory(req: Requirement, row: dict, base: dict) -> Judgement:
     if not mine or not theirs:
         return Judgement(req.text, req.kind, "inconclusive", "peak memory was not measured")
     ratio = mine / theirs
-    figures = f"peak memory {ratio:.3f}x the baseline's ({mine / 2**20:,.0f} vs {theirs / 2**20:,.0f} MiB)"
+    unit = memory_unit([mine, theirs])  # both in one unit, as a table column would be
+    figures = (f"peak memory {ratio:.3f}x the baseline's ({memory_text(mine, unit, with_unit=False)}"
+               f" vs {memory_text(theirs, unit)})")
     ok = ratio >= req.bound if req.op == ">=" else ratio <= req.bound
     return Judgement(req.text, req.kind, "pass" if ok else "fail", figures)
 

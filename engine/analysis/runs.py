@@ -126,7 +126,7 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "duration_s": _finite(run.duration_s), "batch_size": cfg.batch_size, "label": cfg.label,
         "throughput": _finite(s.get(throughput_column(cfg.model))),
         "unit": throughput_unit(cfg.model),
-        "peak_mem_gib": peak / 2**30 if isinstance(peak, (int, float)) and peak else None,
+        "peak_mem_bytes": peak if isinstance(peak, (int, float)) and peak else None,
         "final_loss": _finite(s.get("final_loss")),
         "mfu_pct": 100 * s["mfu"] if _finite(s.get("mfu")) else None,
         "device": run.device_key,

@@ -17,6 +17,7 @@ from typing import IO, Any
 from engine.analysis.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES
 from engine.analysis.kernel_table import KernelTable
 from engine.analysis.trace_parser import load_trace
+from engine.display import share_text
 from engine.hardware.gpus import compute_capability_from_name
 
 UNATTRIBUTED_OP = "(unattributed)"
@@ -423,22 +424,6 @@ def _verdict(groups: list[KernelGroup], device: str | None, capability: str | No
     why = f"; {device or 'this GPU'} has no Tensor Cores" if hardware is False else ""
     return {"tensor_cores": "no", "evidence": _top_names(no_rows),
             "headline": f"{words.unit}: no, {share_text(no_share)} of matrix time {elsewhere}{why}"}
-
-
-def share_text(share: float, digits: int = 0) -> str:
-    """A share as a percentage with `digits` decimals (sentences: 0, tables: 1), except that
-    it never reads "100 %" or "0 %" when it is not exactly that: 0.99978 -> "99.98 %",
-    0.0002 -> "0.02 %", 0.9999999 -> "> 99.9999 %". A verdict or a table that says
-    100 % next to a listed fp32 matmul would be wrong. Every surface formats shares here."""
-    if share >= 1.0 or share <= 0.0:
-        return f"{share * 100:.{digits}f} %"
-    for places in range(digits, max(digits, 4) + 1):
-        text = f"{share * 100:.{places}f}"
-        if float(text) not in (0.0, 100.0):
-            return f"{text} %"
-    if share > 0.5:
-        return "> 99.9999 %"
-    return "< 0.0001 %"
 
 
 # ---------------------------------------------------------------------------------------

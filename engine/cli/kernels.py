@@ -13,6 +13,7 @@ from typing import TextIO
 
 from engine.analysis.kernels import classify_kernel
 from engine.cli.errors import EXIT_OK, EXIT_USAGE, path_problem, shown, typed
+from engine.display import ratio_text, share_text
 
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
@@ -251,9 +252,6 @@ def _ms(us: float | None) -> str:
 
 
 def _pct(share: float | None) -> str:
-    # late: the trace analysis, loaded by the time a report is formatted
-    from engine.analysis.traces import share_text
-
     return "n/a" if share is None else share_text(share, 1)
 
 
@@ -408,7 +406,7 @@ def _side(letter: str, label: str) -> str:
 def format_diff(diff: dict) -> str:
     """B against A, part by part, with the Amdahl sentence first."""
     # late: the trace analysis, loaded by the time a diff is formatted
-    from engine.analysis.explain import differs_words, speedup_text
+    from engine.analysis.explain import differs_words
 
     a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])
     lines = [f"{a}: {diff['source_a']}", f"{b}: {diff['source_b']}",
@@ -421,7 +419,7 @@ def format_diff(diff: dict) -> str:
              f"{'part':<15}{'A_ms':>10}{'B_ms':>10}{'speedup':>9}{'share_of_A':>12}"]
     for row in diff["parts"]:
         if row["a_us"] or row["b_us"]:
-            speedup = "-" if row["speedup"] is None else speedup_text(row["speedup"])
+            speedup = "-" if row["speedup"] is None else ratio_text(row["speedup"])
             lines.append(f"{row['part']:<15}{_ms(row['a_us']):>10}{_ms(row['b_us']):>10}"
                          f"{speedup:>9}{_pct(row['share_of_a']):>12}")
     for key, who in (("only_in_a", f"Only in {a}"), ("only_in_b", f"Only in {b}")):

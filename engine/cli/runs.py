@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.admission import check_runnable
-from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter
+from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter, tags_text
 from engine.analysis.stall import silent_s, stall_of, stall_words
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
 from engine.cli.standby import running_note
@@ -37,7 +37,21 @@ from engine.config import (
 )
 from engine.run.batch_search import find_max_batch
 from engine.run.launcher import launch, reconcile, stop
-from engine.schema import FINAL_STATUSES, FINISHED, STATUSES
+from engine.display import (
+    NA,
+    loss_text,
+    memory_text,
+    mfu_text,
+    step_time_text,
+    throughput_text,
+)
+from engine.schema import (
+    FINAL_STATUSES,
+    FINISHED,
+    STATUSES,
+    throughput_column,
+    throughput_unit,
+)
 from engine.store import Store, validate_run_id
 
 _ENUM_CHOICES = {"model": ModelName, "size": ModelSize, "precision": Precision,
@@ -266,14 +280,25 @@ def _finite_or_none(value):
 
 
 def _format_summary(summary: dict[str, Any]) -> str:
+    """`show` as text: each figure in the words and digits Live, Runs, Compare and the report
+    use for it (engine.display); `--json` keeps the raw numbers."""
+    model = summary["model"]
+    throughput = summary.get(throughput_column(model))
+    scale = summary.get("loss_scale_final")
     lines = [f"run {summary['run_id']}: {summary['status']}"
              + (f" ({summary['reason']})" if summary.get("reason") else "")]
-    for key in ("steps_completed", "first_loss", "final_loss", "samples_per_s", "step_time_ms",
-                "peak_mem_bytes", "loss_scale_final", "skipped_steps", "device"):
-        value = summary.get(key)
-        if isinstance(value, float):
-            value = f"{value:,.4g}"
-        lines.append(f"  {key:<18} {value}")
+    for label, value in (
+            ("steps", summary.get("steps_completed")),
+            ("first loss", loss_text(summary.get("first_loss"))),
+            ("final loss", loss_text(summary.get("final_loss"))),
+            ("throughput", throughput_text(throughput, throughput_unit(model))),
+            ("step time", step_time_text(summary.get("step_time_ms"))),
+            ("peak memory", memory_text(summary.get("peak_mem_bytes"))),
+            ("MFU", mfu_text(summary.get("mfu"))),
+            ("final loss scale", f"{scale:g}" if scale is not None else NA),
+            ("skipped steps", summary.get("skipped_steps")),
+            ("device", summary.get("device"))):
+        lines.append(f"  {label:<18} {value}")
     return "\n".join(lines)
 
 
@@ -330,11 +355,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info))
     else:
-        for key, value in info.items():
-            if key in ("created_at", "started_at", "ended_at"):
-                value = _local_time(value) if value else value  # readable; --json has epochs
-            print(f"{key:<16} {json.dumps(value) if isinstance(value, dict) else value}")
+        print(_format_show(info, run_summary(run_id, store)))
     return EXIT_OK
+
+
+def _format_show(info: dict[str, Any], summary: dict[str, Any]) -> str:
+    """`show` as text: who and where, then the figures as every page writes them (the full
+    summary and the config are in `--json`)."""
+    lines = []
+    for key, value in info.items():
+        if key in ("config", "summary", "run_id", "status", "reason", "steps_completed",
+                   "device", "created"):  # in the figures above, or twice
+            continue
+        if key == "tags":
+            value = tags_text(value)
+        if key in ("created_at", "started_at", "ended_at"):
+            value = _local_time(value) if value else None  # readable; --json has epochs
+        if key == "duration_s" and value is not None:
+            value = f"{value:,.1f}"
+        lines.append(f"  {key:<18} {NA if value is None or value == '' else value}")
+    return "\n".join([_format_summary(summary), *lines,
+                      "  config and summary: `python -m engine show RUN_ID --json`"])
 
 
 def _date(flag: str):

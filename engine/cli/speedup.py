@@ -29,6 +29,7 @@ from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
 from engine.config import Precision
+from engine.display import interval_text, memory_text
 from engine.run.launcher import reconcile, stop
 from engine.schema import FINAL_STATUSES, FINISHED
 from engine.store import Store
@@ -210,9 +211,8 @@ def format_result(result: dict[str, Any]) -> str:
     lines.append(f"  {'mode':<14} {'median step':>12} {'samples/s':>11} {'speedup':>9} "
                  f"{'95 % CI':>13} {'peak mem':>10}  verdict")
     for label, row in result["modes"].items():
-        ci = (f"{row['ci_low']:.2f}-{row['ci_high']:.2f}" if row.get("ci_low") is not None
-              else "-")
-        mem = f"{row['peak_mem_bytes'] / 2**20:,.0f} MiB" if row.get("peak_mem_bytes") else "-"
+        ci = interval_text(row.get("ci_low"), row.get("ci_high")) or "-"
+        mem = memory_text(row.get("peak_mem_bytes"))
         verdict = row.get("words") or ""
         lines.append(f"  {label:<14} {row['median_step_ms'] or 0:>9.2f} ms "
                      f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from engine.analysis.steady import ema
+from engine.display import MEMORY_UNITS, memory_unit
 from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 
 X_STEP, X_WALL = "step", "wall_time_s"
@@ -100,7 +101,7 @@ def throughput_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping
     column = ("tokens_per_s" if all(u == "tokens/s" for u in units.values())
               else "samples_per_s")
     unit = column.replace("_per_s", "/s")
-    fig = _figure(f"Throughput ({unit}; dotted: steady-state median)", x, unit, log_y)
+    fig = _figure(f"Throughput ({unit}; dotted: steady median)", x, unit, log_y)
     traces = []
     for index, (run_id, frame) in enumerate(frames.items()):
         series = _series_traces(frame, column, names[run_id], _color(index), x, smoothing)
@@ -123,11 +124,13 @@ def memory_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str
                           x: str = X_STEP, smoothing: float = 0.0,
                           log_y: bool = False) -> go.Figure:
     """Peak memory so far: CUDA peak allocated, or the process's peak RSS on a CPU."""
-    fig = _figure("Peak memory (GiB; CPU runs: process peak RSS)", x, "GiB", log_y)
+    unit = memory_unit(value for frame in frames.values() if "mem_peak_bytes" in frame
+                       for value in (frame["mem_peak_bytes"].max(),))
+    fig = _figure(f"Peak memory ({unit}; CPU runs: process peak RSS)", x, unit, log_y)
     traces = []
     for index, (run_id, frame) in enumerate(frames.items()):
         traces += _series_traces(frame, "mem_peak_bytes", names[run_id], _color(index), x,
-                                 smoothing, scale=2**30)
+                                 smoothing, scale=MEMORY_UNITS[unit])
     return fig.add_traces(traces)
 
 

@@ -23,12 +23,12 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.analysis.compare import config_diff, display_names, summary_table
-from engine.analysis.findings import both_mfu_words, findings, mfu_text, peak_words
+from engine.analysis.findings import both_mfu_words, findings, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import differs_words, explain_runs, only_in_rows, parts_rows
-from engine.analysis.drift import drift_cell
-from engine.analysis.speedup import method_words, stored_verdict
-from engine.analysis.traces import share_text
+from engine.analysis.speedup import method_words
+from engine.analysis.summary_text import NOTE, speedup_rows, summary_strings
+from engine.display import measured
 from engine.report.export import write_file_atomically
 from engine.report.figures import (
     PLOTLY_CONFIG,
@@ -81,21 +81,8 @@ def _speedup_html(check: RunRecord) -> str:
     busy = bool(contention.get("busy"))
     machine = (f"<p class=warn>{_e(contention['words'])}</p>" if busy
                else f"<p class=meta>{_e(contention.get('words', ''))}</p>")
-    rows = []
-    for row in result.get("modes", []):
-        _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
-        interval = (f"{row['ci_low']:.3f}-{row['ci_high']:.3f}"
-                    if row.get("ci_low") is not None and row["mode"] != result.get("baseline")
-                    else "")
-        rows.append([row["mode"], _fmt_cell(row.get("median_step_ms"), "{:,.2f}"),
-                     _fmt_cell(row.get("samples_per_s"), "{:,.1f}"),
-                     _fmt_cell(row.get("speedup"), "{:.3f}"), interval,
-                     _fmt_cell(row.get("peak_mem_bytes"), "mib"), row.get("blocks"),
-                     "" if row["mode"] == result.get("baseline") else drift_cell(row.get("drift"), "drift" in row),
-                     verdict])
-    table = _html_table(["mode", "median step (ms)", "samples/s", "speedup", "95 % interval",
-                         "peak memory (MiB)", "blocks", "loss vs baseline", "verdict"], rows,
-                        {1, 2, 3, 5, 6})
+    modes = speedup_rows(result)
+    table = _html_table(list(modes.columns), modes.values.tolist(), {1, 2, 3, 5, 6})
     method = f"<p class=meta>{_e(method_words(result))}</p>"
     findings_html = _findings_list(result.get("findings") or []) if result.get("findings") else ""
     memory = memory_by_kind_figure(result)
@@ -238,19 +225,6 @@ def _findings_list(statements: list[str]) -> str:
     return "<ul>\n" + "\n".join(f"<li>{_e(s)}</li>" for s in statements) + "\n</ul>"
 
 
-_SUMMARY_COLUMNS = [
-    ("name", "run", None), ("run_id", "run id", None), ("status", "status", None),
-    ("throughput_per_s", "throughput (/s)", "{:,.1f}"), ("throughput_unit", "unit", None),
-    ("throughput_x", "throughput x", "{:.2f}x"), ("throughput_interval", "95 % interval", None),
-    ("machine", "machine", None), ("step_time_ms", "step time (ms)", "{:,.1f}"),
-    ("peak_mem_bytes", "peak memory (MiB)", "mib"), ("mem_saved_pct", "memory saved (%)", "{:+.1f}"),
-    ("final_loss", "final loss", "{:.4f}"), ("final_loss_diff_pct", "final loss diff (%)", "{:+.2f}"),
-    ("loss_tolerance_pct", "loss tolerance (±%)", "{:.2g}"), ("max_batch_fit", "max batch fit", "{:d}"),
-    ("skipped_steps", "skipped steps", "{:d}"), ("tensor_core_share", "Tensor-Core share", "share"),
-    ("mfu", "MFU", "mfu"), ("steady_basis", "timing basis", None),
-]
-
-
 def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> str:
     """What each run's MFU is relative to (a datasheet row, or a measured peak and when)."""
     items = [f"<li>{_e(names.get(run_id, run_id))}: {_e(peak_words(run.summary))}"
@@ -261,36 +235,13 @@ def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> 
 
 
 def _summary_html(table: pd.DataFrame) -> str:
-    rows, classes = [], []
-    for record in table.to_dict("records"):
-        low, high = record.get("throughput_x_low"), record.get("throughput_x_high")
-        record["throughput_interval"] = f"{low:.2f}-{high:.2f}x" if low is not None else ""
-        busy = record.get("busy")
-        record["machine"] = ("busy: unreliable" if busy else "quiet" if busy is False
-                             else "not measured")
-        rows.append([_fmt_cell(record.get(col), fmt) for col, _label, fmt in _SUMMARY_COLUMNS])
-        classes.append("baseline" if record["is_baseline"] else "")
-    numeric = {i for i, (_c, _l, fmt) in enumerate(_SUMMARY_COLUMNS) if fmt}
-    note = ("<p class=meta>Baseline in bold. n/a: not measured for this run (e.g. Tensor-Core "
-            "share needs a GPU kernel breakdown; max batch fit needs a batch-size search).</p>")
-    return _html_table([label for _c, label, _f in _SUMMARY_COLUMNS], rows, numeric,
-                       classes) + note
-
-
-def _fmt_cell(value: Any, fmt: str | None) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "n/a"
-    if fmt is None:
-        return str(value)
-    if fmt == "mib":
-        return f"{value / 2**20:,.1f}"
-    if fmt == "share":  # never "100 %" while some of it ran elsewhere
-        return share_text(value, 1)
-    if fmt == "mfu":
-        return mfu_text(value)
-    if fmt == "{:d}":
-        return str(int(value))
-    return fmt.format(value)
+    """Every column of the summary (engine.analysis.summary_text), the baseline in bold."""
+    cells = summary_strings(table)
+    text_columns = {"run", "run id", "status", "unit", "95 % interval", "machine", "timing basis"}
+    numeric = {i for i, header in enumerate(cells.columns) if header not in text_columns}
+    classes = ["baseline" if base else "" for base in table["is_baseline"]]
+    note = f"<p class=meta>Baseline in bold. {_e(NOTE)}</p>"
+    return _html_table(list(cells.columns), cells.values.tolist(), numeric, classes) + note
 
 
 def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame) -> str:
@@ -332,7 +283,7 @@ def _records_table(rows: list[dict]) -> str:
     """Rows of one shape (explain.parts_rows, only_in_rows) as a table: floats as ms to
     3 decimals, columns 1 and 2 right-aligned (their numbers)."""
     header = list(rows[0])
-    return _html_table(header, [[_fmt_cell(row[h], "{:,.3f}") if isinstance(row[h], float)
+    return _html_table(header, [[f"{row[h]:,.3f}" if measured(row[h]) and isinstance(row[h], float)
                                  else row[h] for h in header] for row in rows], {1, 2})
 
 
