@@ -19,8 +19,9 @@ Live page (bench.first_point_browser's measurement), once right after the server
 first page (first launch) and then warm.
 
 Beside them, in the same run and browser, Streamlit's own floor on this machine: a second
-server of a bare app (a title and a button; and a title and one plotly chart of 1,000
-points), so each page's time reads against what any Streamlit page costs here.
+server of a bare app (a title and a button; the same with one plotly chart of 1,000 points;
+the same with 40 widgets, as many as the Launch form), so each page's time reads against
+what any Streamlit page costs here.
 
 Goals: every page < 1.5 s; click -> first point < 1.5 s warm, < 3 s on the first launch.
 Without Chromium or Playwright it says so and exits 3.
@@ -134,6 +135,15 @@ import streamlit as st
 st.title("Floor")
 if st.query_params.get("chart"):
     st.plotly_chart(go.Figure(go.Scatter(x=list(range(1000)), y=[i % 7 for i in range(1000)])))
+left, right = st.columns(2)
+for i in range(int(st.query_params.get("widgets", 0))):  # as many as the Launch form has
+    column = (left, right)[i % 2]
+    if i % 3 == 0:
+        column.selectbox(f"Select {i}", ["a", "b", "c"], key=f"select{i}", help="help")
+    elif i % 3 == 1:
+        column.number_input(f"Number {i}", value=3, key=f"number{i}", help="help")
+    else:
+        column.checkbox(f"Check {i}", key=f"check{i}")
 st.button("Go")
 """
 
@@ -150,13 +160,16 @@ def measure_floor(context, tmp: Path, repeats: int) -> dict[str, list[float]]:
         return {FLOOR_BARE: [visit(context, f"{server.url}/", idle_with('button:has-text("Go")'))
                              for _ in range(repeats)],
                 FLOOR_CHART: [visit(context, f"{server.url}/?chart=1", idle_with(".js-plotly-plot", 1))
-                              for _ in range(repeats)]}
+                              for _ in range(repeats)],
+                FLOOR_WIDGETS: [visit(context, f"{server.url}/?widgets=40",
+                                      idle_with('button:has-text("Go")')) for _ in range(repeats)]}
     finally:
         server.stop()
 
 
 FLOOR_BARE = "floor: bare Streamlit page (title + button)"
 FLOOR_CHART = "floor: bare page + one plotly chart"
+FLOOR_WIDGETS = "floor: bare page + 40 widgets"
 
 
 # ---------------------------------------------------------------------------------------
