@@ -63,6 +63,20 @@ def test_skipped_steps_axis_has_whole_number_ticks_only():
         assert axis.range[0] == 0 and axis.range[1] >= max(1, skipped)
 
 
+def test_forest_plot_keeps_the_top_label_and_the_no_difference_line_inside():
+    """A speedup's label is drawn above its point: the y range leaves half a row above the
+    top mode (plotly's own ends at it and cuts "0.98x n.s."), and the line at 1.0 is
+    inside the x range, not on its edge."""
+    result = {"baseline": "fp32", "contention": {"busy": False}, "modes": [
+        {"mode": "fp32", "speedup": 1.0},
+        {"mode": "bf16-amp", "speedup": 1.8, "ci_low": 1.7, "ci_high": 1.9},
+        {"mode": "fp16-amp", "speedup": 0.98, "ci_low": 0.9, "ci_high": 1.05}]}
+    layout = figures.speedup_forest_figure(result).layout
+    assert list(layout.yaxis.range) == [-0.5, 1.5]  # two modes against the baseline
+    low, high = layout.xaxis.range
+    assert low < 0.9 and high > 1.9 and low < 1.0 < high
+
+
 def test_a_single_logged_point_is_drawn_as_a_marker():
     one = metrics_frame().head(1)
     drawn = [charts.loss_figure(one), charts.throughput_figure(one, "tokens_per_s", "tokens"),

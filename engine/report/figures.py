@@ -190,8 +190,15 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
                                   "(> 1: faster)",
                       showlegend=False, height=140 + 60 * max(1, len(rows)),
                       margin={"l": 110, "r": 30, "t": 60, "b": 50}, template=PLOT_TEMPLATE)
-    fig.update_yaxes(automargin=True)
-    fig.update_xaxes(automargin=True)
+    # Half a row above the top mode and below the bottom one: plotly's own range ends at
+    # the outer points, and cuts the label drawn above the top one ("0.98x n.s.").
+    drawn = sum(1 for row in rows if row.get("speedup") is not None)
+    fig.update_yaxes(automargin=True, range=[-0.5, max(drawn, 1) - 0.5])
+    # ... and the no-difference line at 1.0 inside the plot, not on its edge
+    ends = [v for row in rows for v in (row.get("ci_low"), row.get("ci_high"), row.get("speedup"))
+            if v is not None] + [1.0]
+    pad = 0.08 * (max(ends) - min(ends) or 0.1)
+    fig.update_xaxes(automargin=True, range=[min(ends) - pad, max(ends) + pad])
     return fig
 
 
