@@ -9,7 +9,8 @@ print the same digits.
 - memory: binary units (MiB below 1 GiB, GiB from there), by size; a table column takes
   one unit for all its rows (`memory_unit`), named in its header.
 - loss: four decimals (the digits at which precisions differ after a few hundred steps).
-- throughput: one decimal; step time: two decimals in ms; ratios (speedups): two decimals, more digits when tiny.
+- throughput: one decimal; step time: two decimals in ms; ratios (speedups): two
+  decimals, more digits when tiny.
 - shares (Tensor-Core share) and MFU: percentages that never round to a claim they are not.
 - a figure not measured: "n/a", never "None" or "nan".
 """

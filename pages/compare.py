@@ -185,7 +185,8 @@ st.caption("Medians over steady-state steps (warm-up and profiler-window steps e
            "baseline's and still be noise (the findings use the same figure). " + NOTE)
 # The columns a person reads at 1280 px; the rest (run id, units, tolerances, batch fit...)
 # in the expander. The same strings as the report's (engine.analysis.summary_text).
-st.dataframe(summary_strings(table, MAIN_COLUMNS), key="compare_summary", hide_index=True, placeholder=NA)
+st.dataframe(summary_strings(table, MAIN_COLUMNS), key="compare_summary", hide_index=True,
+             placeholder=NA)
 with st.expander("Every summary column"):
     st.dataframe(summary_strings(table), key="compare_summary_all", hide_index=True, placeholder=NA)
 

@@ -270,8 +270,10 @@ def gpu_report(result: dict) -> None:
     top = pd.DataFrame([_kernel_row(row) for row in result.get("top_kernels") or []])
     # What fits 1280 px; the rule that decided each verdict and the full names below it.
     st.dataframe(top, hide_index=True, key="top_kernels", column_order=TOP_KERNEL_COLUMNS,
+                 placeholder=NA,
                  column_config={"time_ms": st.column_config.NumberColumn("time (ms)",
-                                                                         format="%.3f")}, placeholder=NA)
+                                                                         format="%.3f"),
+                                "tensor_core": st.column_config.TextColumn("Tensor Cores")})
     with st.expander("Why each verdict, and the full kernel names"):
         st.dataframe(top, hide_index=True, key="top_kernels_why",
                      column_order=["kernel", "why", "name"], placeholder=NA)
