@@ -20,8 +20,8 @@ first page (first launch) and then warm.
 
 Beside them, in the same run and browser, Streamlit's own floor on this machine: a second
 server of a bare app (a title and a button; the same with one plotly chart of 1,000 points;
-the same with 40 widgets, as many as the Launch form), so each page's time reads against
-what any Streamlit page costs here.
+the same with 40 widgets, as many as the Launch form; the same with one table of 200 rows,
+as Runs), so each page's time reads against what any Streamlit page costs here.
 
 Goals: every page < 1.5 s; click -> first point < 1.5 s warm, < 3 s on the first launch.
 Without Chromium or Playwright it says so and exits 3.
@@ -129,12 +129,15 @@ def start_running_run(store) -> str:
 # ---------------------------------------------------------------------------------------
 # Streamlit's floor: what any page costs here, before this app adds anything
 
-FLOOR_APP = """import plotly.graph_objects as go
+FLOOR_APP = """import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 st.title("Floor")
 if st.query_params.get("chart"):
     st.plotly_chart(go.Figure(go.Scatter(x=list(range(1000)), y=[i % 7 for i in range(1000)])))
+if st.query_params.get("table"):  # as many rows and columns as Runs with 200 runs
+    st.dataframe(pd.DataFrame({f"column {c}": [f"{r * c}" for r in range(200)] for c in range(10)}))
 left, right = st.columns(2)
 for i in range(int(st.query_params.get("widgets", 0))):  # as many as the Launch form has
     column = (left, right)[i % 2]
@@ -162,7 +165,9 @@ def measure_floor(context, tmp: Path, repeats: int) -> dict[str, list[float]]:
                 FLOOR_CHART: [visit(context, f"{server.url}/?chart=1", idle_with(".js-plotly-plot", 1))
                               for _ in range(repeats)],
                 FLOOR_WIDGETS: [visit(context, f"{server.url}/?widgets=40",
-                                      idle_with('button:has-text("Go")')) for _ in range(repeats)]}
+                                      idle_with('button:has-text("Go")')) for _ in range(repeats)],
+                FLOOR_TABLE: [visit(context, f"{server.url}/?table=1",
+                                    idle_with('[data-testid="stDataFrame"]')) for _ in range(repeats)]}
     finally:
         server.stop()
 
@@ -170,6 +175,7 @@ def measure_floor(context, tmp: Path, repeats: int) -> dict[str, list[float]]:
 FLOOR_BARE = "floor: bare Streamlit page (title + button)"
 FLOOR_CHART = "floor: bare page + one plotly chart"
 FLOOR_WIDGETS = "floor: bare page + 40 widgets"
+FLOOR_TABLE = "floor: bare page + one table of 200 rows"
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ A person who reads "1.2" on Live and "1.1995" on Compare, or "512.0 MiB" on one 
 "0.500 GiB" on the next, cannot tell whether the two are the same figure. Every surface
 formats a figure of a kind through the function here, so the same run reads the same
 everywhere; tables that keep numbers (sortable grids) use the printf twins below, which
-print the same digits.
+print the same digits, without thousands separators (a grid sorts and downloads the
+number itself; printf cannot switch digits, so there a loss under 0.001 reads 0.0000).
 
 - memory: binary units (MiB below 1 GiB, GiB from there), by size; a table column takes
   one unit for all its rows (`memory_unit`), named in its header.

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from engine.analysis.steady import ema
 from engine.analysis.live import steady_median
-from engine.display import MEMORY_UNITS, memory_unit
+from engine.display import MEMORY_UNITS, memory_unit, throughput_text
 from engine.report.figures import PLOT_TEMPLATE, line_mode
 from engine.schema import PROFILE
 
@@ -79,9 +79,10 @@ def throughput_figure(frame: pd.DataFrame, column: str, unit: str, smoothing: fl
             fig.add_trace(go.Scatter(x=[frame["step"].min(), frame["step"].max()],
                                      y=[median, median], mode="lines",
                                      line=dict(dash="dot", color="grey"),
-                                     name=f"steady median {median:,.0f}"))
+                                     name=f"steady median {throughput_text(median)}"))
         else:
-            fig.add_hline(y=median, line_dash="dot", annotation_text=f"steady median {median:,.0f}",
+            fig.add_hline(y=median, line_dash="dot",
+                          annotation_text=f"steady median {throughput_text(median)}",
                           annotation_position="bottom left",
                           annotation_bgcolor="rgba(255,255,255,0.8)")
     _shade_profile_window(fig, frame)
@@ -92,8 +93,11 @@ def memory_figure(frame: pd.DataFrame, is_cuda: bool) -> go.Figure:
     series = ([("mem_allocated_bytes", "allocated"), ("mem_reserved_bytes", "reserved"),
                ("mem_peak_bytes", "peak allocated")] if is_cuda
               else [("rss_bytes", "process RSS"), ("mem_peak_bytes", "peak RSS")])
-    # The unit the Peak memory tile beside it uses for the same bytes (engine.display).
-    unit = memory_unit(frame[column].max() for column, _label in series if column in frame)
+    # The unit of the peak, the figure the Peak memory tile beside it shows (engine.display);
+    # on CUDA the reserved pool can pass 1 GiB while the peak allocated is still below it.
+    peak_column = "mem_peak_bytes" if "mem_peak_bytes" in frame else None
+    unit = memory_unit([frame[peak_column].max()] if peak_column else
+                       [frame[column].max() for column, _label in series if column in frame])
     fig = _figure(f"Memory ({unit})", "step", unit)
     for column, label in series:
         if column in frame and frame[column].notna().any():

@@ -284,7 +284,7 @@ def gpu_report(result: dict) -> None:
         for row in could:  # op names and causes come from the trace: plain text
             st.markdown(f"- **{plain(row['cpu_op'])}**: {row['without_tensor_core_us'] / 1000:,.3f} ms "
                         f"without Tensor Cores ({_pct(row['without_tensor_core_share'])} of its "
-                        f"matrix time, {plain(', '.join(row['dtypes']))}). "
+                        f"matrix time{plain(''.join(', ' + d for d in row['dtypes']))}). "
                         f"{plain('; '.join(row['likely_causes']))}")
         with st.expander("As a table, with the kernels"):
             st.dataframe(pd.DataFrame([_could_row(row) for row in could]), hide_index=True,

@@ -198,7 +198,7 @@ def test_pages_browser_times_every_page_and_the_first_point():
     assert_finite(result["first_point"]["first_launch_s"], "first launch")
     assert len(result["launches"]) == 2 and all(l["run_id"] for l in result["launches"])
     # Streamlit's own floor, measured beside the pages, and each page against it
-    assert len(result["floor"]) == 3
+    assert len(result["floor"]) == 4
     for name, figures in result["floor"].items():
         assert_finite(figures["median"], name)
     assert set(result["x_floor"]) == set(result["page_s"])

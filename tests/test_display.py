@@ -79,3 +79,17 @@ def test_throughput_step_time_ratio_interval_mfu_share():
     assert mfu_text(0.42) == "42.0 %" and mfu_text(0.0034) == "0.34 %"
     assert share_text(0.99978, 1) == "99.98 %" and share_text(1.0, 1) == "100.0 %"
     assert share_text(0.9999999) == "> 99.9999 %" and share_text(0.0) == "0 %"
+
+
+def test_display_imports_nothing_from_the_engine():
+    """Every wing formats through it, the lowest included: it must stay a leaf."""
+    import ast
+    from pathlib import Path
+
+    import engine.display
+
+    tree = ast.parse(Path(engine.display.__file__).read_text())
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names]
+    assert not [name for name in imported if name and name.startswith("engine")], imported

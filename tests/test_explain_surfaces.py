@@ -97,7 +97,7 @@ def test_two_gpus_and_an_unrepresentative_or_busy_window_are_said():
     caveats = run_caveats(diff, {"step_time_ms": 100.0},
                           {"step_time_ms": 126.6, "contention": busy})
     assert [c["severity"] for c in caveats] == ["note", "warning", "warning"]
-    assert caveats[1]["text"].startswith("The steady steps say 0.79x (100.0 -> 126.6 ms a step), "
+    assert caveats[1]["text"].startswith("The steady steps say 0.79x (100.00 -> 126.60 ms a step), "
                                          "not the window's 6.00x")
     assert caveats[2]["text"] == f"bf16-amp: {busy['words']}"
     agreeing = run_caveats(diff, {"step_time_ms": 60.0}, {"step_time_ms": 10.5})
@@ -108,8 +108,8 @@ def test_a_window_far_from_the_steady_steps_says_so():
     explain = {"step_time_us": 952_790.0, "accounting": {"window": {"step_count": 3}}}
     far = window_note({"explain": explain, "step_time_ms": 21.3})
     assert far["severity"] == "warning"
-    assert far["text"].startswith("From the 3 profiled step(s), 952.8 ms each; the run's steady "
-                                  "steps took 21.3 ms: the verdict describes the profiled window")
+    assert far["text"].startswith("From the 3 profiled step(s), 952.79 ms each; the run's steady "
+                                  "steps took 21.30 ms: the verdict describes the profiled window")
     near = window_note({"explain": explain, "step_time_ms": 900.0})
-    assert near == {"text": "From the 3 profiled step(s), 952.8 ms each.", "severity": "note"}
+    assert near == {"text": "From the 3 profiled step(s), 952.79 ms each.", "severity": "note"}
     assert window_note({}) is None

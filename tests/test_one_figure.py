@@ -13,7 +13,7 @@ import pytest
 from _real_runs import record_run, tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.compare import summary_table
+from engine.analysis.compare import display_names, summary_table
 from engine.analysis.summary_text import MAIN_COLUMNS, summary_strings
 from engine.cli.main import main as cli_main
 from engine.display import (
@@ -89,7 +89,8 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     assert not at.exception, at.exception
     assert all(grid.proto.placeholder == NA for grid in at.dataframe)
     main = at.dataframe[0].value
-    row = main[main["run"] == main["run"].iloc[1]].iloc[0]
+    name = display_names([store.get_run(i) for i in (base_id, run_id)])[run_id]
+    row = main[main["run"] == name].iloc[0]
     unit = memory_unit(PEAK_BYTES.values())
     assert unit == "GiB"
     assert row[f"peak memory ({unit})"] == memory_text(PEAK_BYTES["bf16-amp"], unit, with_unit=False)

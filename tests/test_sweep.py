@@ -294,9 +294,9 @@ def test_each_ratio_says_what_it_may_claim_with_its_interval(store):
     assert claims.loc["fp16-amp", 16] == RATIO_INCONCLUSIVE and math.isnan(low.loc["fp16-amp", 16])
     assert claims.loc["bf16-pure", 16] == RATIO_SIGNIFICANT and high.loc["bf16-pure", 16] < 1.0
     value, interval, status = cell_hover(matrix, "mlp", "bf16-amp", 8)
-    assert value == "2.000x (200 samples/s)"
-    assert interval == (f"95 % interval {low.loc['bf16-amp', 8]:.3f}-"
-                        f"{high.loc['bf16-amp', 8]:.3f}x")
+    assert value == "2.00x (200.0 samples/s)"
+    assert interval == (f"95 % interval {low.loc['bf16-amp', 8]:.2f}-"
+                        f"{high.loc['bf16-amp', 8]:.2f}x")  # as on Compare and the report
     assert status.startswith("significant")
     assert cell_hover(matrix, "mlp", "bf16-pure", 8)[2].startswith("busy")
     assert cell_hover(matrix, "mlp", "fp16-amp", 16)[1:] == (
@@ -346,7 +346,7 @@ def test_heatmap_greys_unclaimed_ratios_and_colours_the_rest_by_log2(home, store
     value, interval, status = cell(coloured, "customdata", "bf16-amp", 8)
     low, high = (matrix[name]["mlp"].loc["bf16-amp", 8] for name in ("interval_low",
                                                                       "interval_high"))
-    assert (value, interval) == ("2.000x (200 samples/s)", f"95 % interval {low:.3f}-{high:.3f}x")
+    assert (value, interval) == ("2.00x (200.0 samples/s)", f"95 % interval {low:.2f}-{high:.2f}x")
     assert status.startswith("significant")
     assert cell(grey, "customdata", "bf16-pure", 8)[2].startswith("busy")
     assert cell(grey, "customdata", "fp16-amp", 8)[2].startswith("inconclusive")
@@ -364,7 +364,7 @@ def test_heatmap_of_an_absolute_metric_keeps_its_sequential_scale(home, store):
     assert "zmid" not in trace and "tickvals" not in trace.get("colorbar", {})
     assert trace["colorscale"][0][1] == "#440154"  # Viridis
     assert "%{customdata[1]}" not in trace["hovertemplate"]
-    assert trace["customdata"][0][0] == ["100 samples/s", "", FINISHED]
+    assert trace["customdata"][0][0] == ["100.0 samples/s", "", FINISHED]
 
 
 # ---------------------------------------------------------------------------------------

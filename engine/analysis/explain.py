@@ -30,7 +30,7 @@ from engine.analysis.traces import (
     kernel_groups,
     short_kernel_name,
 )
-from engine.display import ratio_text, share_text
+from engine.display import ratio_text, share_text, step_time_text
 from engine.schema import RANK_TRACE_PATTERN, TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
@@ -397,9 +397,10 @@ def run_caveats(diff: dict, summary_a: dict, summary_b: dict) -> list[str]:
     if steady_a and steady_b and window:
         steady = steady_a / steady_b
         if abs(window / steady - 1.0) > WINDOW_DISAGREES:
-            caveats.append(_caveat(f"The steady steps say {steady:.2f}x ({steady_a:,.1f} -> "
-                                   f"{steady_b:,.1f} ms a step), not the window's "
-                                   f"{window:.2f}x: the profiled steps do not represent the "
+            caveats.append(_caveat(f"The steady steps say {ratio_text(steady)} "
+                                   f"({step_time_text(steady_a, with_unit=False)} -> "
+                                   f"{step_time_text(steady_b)} a step), not the window's "
+                                   f"{ratio_text(window)}: the profiled steps do not represent the "
                                    "run; trust the steady figure."))
     for label, summary in ((a, summary_a), (b, summary_b)):
         contention = summary.get("contention") or {}
@@ -418,10 +419,10 @@ def window_note(summary: dict) -> dict | None:
     steps = ((explain.get("accounting") or {}).get("window") or {}).get("step_count")
     if not window_ms:
         return None
-    text = f"From the {steps or 'few'} profiled step(s), {window_ms:,.1f} ms each"
+    text = f"From the {steps or 'few'} profiled step(s), {step_time_text(window_ms)} each"
     steady_ms = summary.get("step_time_ms")
     if steady_ms and abs(window_ms / steady_ms - 1.0) > WINDOW_DISAGREES:
-        return _caveat(f"{text}; the run's steady steps took {steady_ms:,.1f} ms: the verdict "
+        return _caveat(f"{text}; the run's steady steps took {step_time_text(steady_ms)}: the verdict "
                        "describes the profiled window, not the run (profile again on a quiet "
                        "machine).")
     return _caveat(f"{text}.", "note")

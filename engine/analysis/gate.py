@@ -130,4 +130,7 @@ def gate_lines(verdict: dict[str, Any]) -> list[str]:
 
 
 def _x(ratio: float | None) -> str:
+    # One digit more than the pages' ratio_text on purpose: the gate judges an interval
+    # against a bound the user wrote ("bf16-amp>=1.2"), and "1.20" would hide whether a
+    # 1.198 end missed it.
     return "n/a" if ratio is None else f"{ratio:.3f}x"

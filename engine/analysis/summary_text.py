@@ -57,7 +57,7 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("throughput_interval", "95 % interval", _text),
     ("machine", "machine", _text),
     ("step_time_ms", "step time (ms)", lambda v: step_time_text(v, with_unit=False)),
-    ("peak_mem_bytes", "peak memory", _text),  # replaced per table by _memory_column
+    ("peak_mem_bytes", "peak memory", _text),  # one unit per table: see summary_strings
     ("mem_saved_pct", "memory saved (%)", _signed(1)),
     ("final_loss", "final loss", loss_text),
     ("final_loss_diff_pct", "loss diff (%)", _signed(2)),

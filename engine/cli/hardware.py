@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.cli.errors import EXIT_OK, UsageError
 from engine.config import ConfigError
+from engine.display import memory_text
 from engine.hardware.devices import resolve_device_key
 from engine.diagnostics.doctor import doctor_report
 
@@ -63,7 +64,7 @@ def format_doctor(report: dict[str, Any]) -> str:
         for part in report["optional"]))
     lines.append("")
     for dev in report["devices"]:
-        memory = f"{dev['memory_bytes'] / 2**30:.1f} GiB" if dev.get("memory_bytes") else "n/a"
+        memory = memory_text(dev.get("memory_bytes"))  # as the app's device card
         lines.append(f"{dev['key']}: {dev['name']}  [{dev['kind']}, {dev['capability']}, "
                      f"{memory}" + (f", driver {dev['driver_version']}" if dev.get("driver_version") else "")
                      + (f", CUDA {dev['cuda_version']}" if dev.get("cuda_version") else "") + "]")

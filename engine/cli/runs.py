@@ -294,7 +294,8 @@ def _format_summary(summary: dict[str, Any]) -> str:
             ("throughput", throughput_text(throughput, throughput_unit(model))),
             ("step time", step_time_text(summary.get("step_time_ms"))),
             ("peak memory", memory_text(summary.get("peak_mem_bytes"))),
-            ("MFU", mfu_text(summary.get("mfu"))),
+            ("MFU", mfu_text(summary.get("mfu"))
+             + (f" (against {summary['mfu_peak']})" if summary.get("mfu_peak") else "")),
             ("final loss scale", f"{scale:g}" if scale is not None else NA),
             ("skipped steps", summary.get("skipped_steps")),
             ("device", summary.get("device"))):
@@ -374,7 +375,10 @@ def _format_show(info: dict[str, Any], summary: dict[str, Any]) -> str:
         if key == "duration_s" and value is not None:
             value = f"{value:,.1f}"
         lines.append(f"  {key:<18} {NA if value is None or value == '' else value}")
-    return "\n".join([_format_summary(summary), *lines,
+    contention = info["summary"].get("contention") or {}
+    machine = contention.get("words") or ("busy" if contention.get("busy") else
+                                           "quiet" if contention.get("busy") is False else NA)
+    return "\n".join([_format_summary(summary), f"  {'machine':<18} {machine}", *lines,
                       "  config and summary: `python -m engine show RUN_ID --json`"])
 
 

@@ -29,7 +29,14 @@ from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
 from engine.config import Precision
-from engine.display import interval_text, memory_text
+from engine.display import (
+    interval_text,
+    memory_text,
+    memory_unit,
+    ratio_text,
+    step_time_text,
+    throughput_text,
+)
 from engine.run.launcher import reconcile, stop
 from engine.schema import FINAL_STATUSES, FINISHED
 from engine.store import Store
@@ -208,15 +215,18 @@ def format_result(result: dict[str, Any]) -> str:
     contention = result.get("contention") or {}
     if contention.get("words"):
         lines.append(f"  {contention['words']}")
+    rows = list(result["modes"].values())
+    unit = memory_unit(row.get("peak_mem_bytes") for row in rows)  # one unit for the column
     lines.append(f"  {'mode':<14} {'median step':>12} {'samples/s':>11} {'speedup':>9} "
-                 f"{'95 % CI':>13} {'peak mem':>10}  verdict")
+                 f"{'95 % CI':>13} {'peak ' + unit:>10}  verdict")
     for label, row in result["modes"].items():
+        # the digits of Live, Compare and the report (engine.display); n/a, never 0.00
+        step = step_time_text(row.get("median_step_ms"))
         ci = interval_text(row.get("ci_low"), row.get("ci_high")) or "-"
-        mem = memory_text(row.get("peak_mem_bytes"))
-        verdict = row.get("words") or ""
-        lines.append(f"  {label:<14} {row['median_step_ms'] or 0:>9.2f} ms "
-                     f"{row['samples_per_s'] or 0:>11,.1f} {row['speedup'] or 0:>8.2f}x "
-                     f"{ci:>13} {mem:>10}  {verdict}")
+        mem = memory_text(row.get("peak_mem_bytes"), unit, with_unit=False)
+        lines.append(f"  {label:<14} {step:>12} {throughput_text(row.get('samples_per_s')):>11} "
+                     f"{ratio_text(row.get('speedup')):>9} {ci:>13} {mem:>10}  "
+                     f"{row.get('words') or ''}")
     for finding in result.get("findings") or []:
         if finding != contention.get("words"):  # said above already
             lines.append(f"  - {finding}")

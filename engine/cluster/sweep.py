@@ -37,6 +37,7 @@ from engine.config import (
     RunConfig,
     choices,
 )
+from engine.display import GIB, interval_text, loss_text, memory_text, ratio_text, throughput_text
 from engine.presets import check_all, launch_many
 from engine.proc import PROJECT_ROOT, process_create_time, reap_when_done
 from engine.run.launcher import reconcile, stop
@@ -417,9 +418,10 @@ def cell_hover(matrix: dict[str, Any], model: str, precision: str,
     if _finite(value) is None:
         return "no value", "no interval" if ratio else "", status
     if not ratio:
-        return _figure(value) + (f" {matrix['unit']}" if matrix["unit"] else ""), "", status
+        return _metric_text(value, matrix["metric"], matrix["unit"]), "", status
     own = matrix["absolute"][model].loc[precision, batch]
-    shown = f"{value:.3f}x" + (f" ({_figure(own)} samples/s)" if _finite(own) is not None else "")
+    shown = ratio_text(value) + (f" ({throughput_text(own, 'samples/s')})"
+                                 if _finite(own) is not None else "")
     claim = ratio_claim(matrix, model, precision, batch)
     low, high = (_finite(_entry(matrix, name, model, precision, batch))
                  for name in ("interval_low", "interval_high"))
@@ -428,7 +430,7 @@ def cell_hover(matrix: dict[str, Any], model: str, precision: str,
     elif low is None or high is None:
         interval = "no interval (too few steady steps)"
     else:
-        interval = f"95 % interval {low:.3f}-{high:.3f}x"
+        interval = f"95 % interval {interval_text(low, high)}"
     return shown, interval, _CLAIM_WORDS.get(claim, status)
 
 
@@ -441,20 +443,27 @@ def cell_label(matrix: dict[str, Any], model: str, precision: str, batch: int) -
     if matrix["metric"] == "throughput_x":
         note = matrix.get("notes", {}).get(model)
         note = note.loc[precision, batch] if note is not None else ""
-        ratio = f"{value:.2f}x" if _finite(value) is not None else (
+        ratio = ratio_text(value) if _finite(value) is not None else (
             "n/a" if status == FINISHED else status)
         ratio += f" {note}" if note and _finite(value) is not None else ""
         # The absolute figure stays even when the ratio has no baseline to divide by.
-        return ratio + (f"<br>{_figure(own)} samples/s" if _finite(own) is not None else "")
+        return ratio + (f"<br>{throughput_text(own, 'samples/s')}"
+                        if _finite(own) is not None else "")
     if _finite(value) is None:
         return "n/a" if status == FINISHED else status
-    unit = matrix["unit"]
-    return _figure(value) + (f" {unit}" if unit else "")
+    return _metric_text(value, matrix["metric"], matrix["unit"])
 
 
-def _figure(value: float) -> str:
-    """Large values with thousands separators (41,634), small ones with 4 significant digits."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+def _metric_text(value: float, metric: str, unit: str) -> str:
+    """A cell's figure as every other surface writes it (engine.display): memory by size
+    (the matrix holds GiB), loss to four decimals, throughput to one, a ratio as "1.23x"."""
+    if metric == "throughput_x":
+        return ratio_text(value)
+    if metric == "peak_mem_gib":
+        return memory_text(value * GIB)
+    if metric == "final_loss":
+        return loss_text(value)
+    return throughput_text(value, unit)
 
 
 def _cell_value(run: RunRecord | None, base: RunRecord | None, metric: str) -> float:
@@ -502,8 +511,8 @@ def matrix_text(matrix: dict[str, Any]) -> str:
 def _cell_text(value: float, status: str, metric: str, note: str = "") -> str:
     if isinstance(value, float) and math.isfinite(value):
         if metric == "throughput_x":
-            return f"{value:.2f}x" + (f" {note}" if note else "")
-        return f"{value:.4g}"
+            return ratio_text(value) + (f" {note}" if note else "")
+        return _metric_text(value, metric, "")
     return "n/a" if status == FINISHED else f"n/a ({status})"
 
 

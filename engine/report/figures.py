@@ -216,12 +216,14 @@ def memory_by_kind_figure(result: Mapping[str, Any]) -> go.Figure | None:
         return None
     modes = [html.escape(str(row["mode"])) for row in rows]
     fig = go.Figure()
+    # the unit of the per-mode table beside it (engine.analysis.summary_text.speedup_rows)
+    unit = memory_unit(row.get("peak_mem_bytes") for row in result.get("modes", []))
     for index, (key, label) in enumerate(MEMORY_KINDS):
-        mib = [row["memory_by_kind"][key] / 2**20 for row in rows]
-        fig.add_trace(go.Bar(y=modes, x=mib, name=label, orientation="h",
+        sizes = [row["memory_by_kind"][key] / MEMORY_UNITS[unit] for row in rows]
+        fig.add_trace(go.Bar(y=modes, x=sizes, name=label, orientation="h",
                              marker_color=_color(index),
-                             hovertemplate=f"{label}: %{{x:,.1f}} MiB<extra></extra>"))
-    fig.update_layout(barmode="stack", title={"text": "Peak memory by kind (MiB)", "x": 0,
+                             hovertemplate=f"{label}: %{{x:,.2f}} {unit}<extra></extra>"))
+    fig.update_layout(barmode="stack", title={"text": f"Peak memory by kind ({unit})", "x": 0,
                                               "xanchor": "left"},
                       xaxis_title="MiB", height=140 + 50 * len(rows),
                       legend={"orientation": "h", "y": -0.35},

@@ -28,7 +28,7 @@ from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_
 from engine.analysis.explain import differs_words, explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import method_words
 from engine.analysis.summary_text import NOTE, speedup_rows, summary_strings
-from engine.display import measured
+from engine.display import NA, measured
 from engine.report.export import write_file_atomically
 from engine.report.figures import (
     PLOTLY_CONFIG,
@@ -283,8 +283,14 @@ def _records_table(rows: list[dict]) -> str:
     """Rows of one shape (explain.parts_rows, only_in_rows) as a table: floats as ms to
     3 decimals, columns 1 and 2 right-aligned (their numbers)."""
     header = list(rows[0])
-    return _html_table(header, [[f"{row[h]:,.3f}" if measured(row[h]) and isinstance(row[h], float)
-                                 else row[h] for h in header] for row in rows], {1, 2})
+    return _html_table(header, [[_record_cell(row[h]) for h in header] for row in rows], {1, 2})
+
+
+def _record_cell(value: Any) -> Any:
+    """ms to 3 decimals; "n/a" for a figure not measured (None, NaN), as on Compare."""
+    if isinstance(value, float):
+        return f"{value:,.3f}" if measured(value) else NA
+    return NA if value is None else value
 
 
 def _config_diff_html(runs: Mapping[str, RunRecord]) -> str:
