@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.cluster.sweep import SweepGrid, cell_label, results_matrix, sweep_view
 from engine.config import RunConfig
+from engine.display import throughput_text
 from engine.schema import FINISHED, RUNNING, SWEEP_DONE, SWEEP_LOCAL
 from engine.store import Store
 
@@ -223,7 +224,7 @@ def test_sweep_url_free_batch_sizes_and_absolute_values_in_cells(home):
     matrix = results_matrix(sweep_view(store, older), "throughput_x")
     fp32 = store.get_run(sweep_view(store, older).runs[0].id)
     assert cell_label(matrix, "mlp", "fp32", 8) == (
-        f"1.00x<br>{fp32.summary['samples_per_s']:,.0f} samples/s")
+        f"1.00x<br>{throughput_text(fp32.summary['samples_per_s'], 'samples/s')}")
     assert store.get_run(fp32.id).status == FINISHED
     at = _page("pages/sweep.py", {"sweep": "sweep-nope"})
     assert any("does not exist here" in w.value for w in at.warning)
