@@ -71,6 +71,9 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
 # What a person needs to read the comparison at 1280 px: which run, how fast against the
 # baseline and how sure, whether the machine was quiet, memory, loss, matrix units, MFU
 # (step time is the inverse of throughput x: in the expander).
+# Columns of words (names, verdicts), left-aligned where a table right-aligns figures.
+TEXT_KEYS = frozenset({"name", "run_id", "status", "throughput_unit", "throughput_interval",
+                       "machine", "steady_basis"})
 MAIN_COLUMNS = ["name", "throughput_x", "throughput_interval", "machine", "peak_mem_bytes",
                 "final_loss", "final_loss_diff_pct", "tensor_core_share", "mfu"]
 NOTE = ("n/a: not measured for that run (Tensor-Core share needs a GPU kernel breakdown; "

@@ -27,7 +27,7 @@ from engine.analysis.findings import both_mfu_words, findings, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.explain import differs_words, explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import method_words
-from engine.analysis.summary_text import NOTE, speedup_rows, summary_strings
+from engine.analysis.summary_text import COLUMNS, NOTE, TEXT_KEYS, speedup_rows, summary_strings
 from engine.display import NA, measured
 from engine.report.export import write_file_atomically
 from engine.report.figures import (
@@ -237,8 +237,8 @@ def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> 
 def _summary_html(table: pd.DataFrame) -> str:
     """Every column of the summary (engine.analysis.summary_text), the baseline in bold."""
     cells = summary_strings(table)
-    text_columns = {"run", "run id", "status", "unit", "95 % interval", "machine", "timing basis"}
-    numeric = {i for i, header in enumerate(cells.columns) if header not in text_columns}
+    # summary_strings keeps COLUMNS' order: a column's index is its place there
+    numeric = {i for i, (key, _header, _fmt) in enumerate(COLUMNS) if key not in TEXT_KEYS}
     classes = ["baseline" if base else "" for base in table["is_baseline"]]
     note = f"<p class=meta>Baseline in bold. {_e(NOTE)}</p>"
     return _html_table(list(cells.columns), cells.values.tolist(), numeric, classes) + note
