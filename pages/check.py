@@ -13,7 +13,7 @@ import streamlit as st
 
 from engine.diagnostics.check import CheckFailed, run_check_subprocess
 from engine.display import NA, memory_text
-from pages.ui import cached_devices, ensure_app_shell, plain
+from pages.ui import cached_devices, details, ensure_app_shell, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -121,8 +121,13 @@ def show_nvml(result: dict) -> None:
         st.caption(f"Throttle reasons: {', '.join(reasons) if reasons else 'none'}")
     if nvml.get("ecc_errors"):
         st.caption(f"ECC errors: {nvml['ecc_errors']}")
-    with st.expander("Full NVML snapshot"):
-        st.json(nvml)
+    details("Full NVML snapshot", "check_nvml_json", lambda: st.json(nvml))
+
+
+def _kernel_evidence(line: dict) -> None:
+    st.dataframe(pd.DataFrame(line["kernels"]), hide_index=True, width="stretch", placeholder=NA)
+    if line.get("gpm_note"):
+        st.caption(f"NVML GPM: {line['gpm_note']}")
 
 
 def _n(value) -> str:
@@ -148,13 +153,10 @@ def show_result(result: dict) -> None:
     if kernel_lines:
         st.subheader("Kernel evidence")
         for line in kernel_lines:
-            with st.expander(f"{line['dtype']}: Tensor Cores {line.get('tensor_core', 'unknown')}"
-                             + (f" · GPM tensor util {line['gpm_tensor_util_pct']:.0f}%"
-                                if line.get("gpm_tensor_util_pct") is not None else "")):
-                st.dataframe(pd.DataFrame(line["kernels"]), hide_index=True,
-                             width="stretch", placeholder=NA)
-                if line.get("gpm_note"):
-                    st.caption(f"NVML GPM: {line['gpm_note']}")
+            details(f"{line['dtype']}: Tensor Cores {line.get('tensor_core', 'unknown')}"
+                    + (f" · GPM tensor util {line['gpm_tensor_util_pct']:.0f}%"
+                       if line.get("gpm_tensor_util_pct") is not None else ""),
+                    f"check_kernels_{line['dtype']}", lambda line=line: _kernel_evidence(line))
     st.subheader("NVML snapshot")
     show_nvml(result)
 

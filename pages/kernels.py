@@ -29,7 +29,15 @@ from engine.display import NA, ratio_text, share_text
 from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
-from pages.ui import LIVE_RUN_KEY, ensure_app_shell, get_store, plain, show_caveat, status_badge
+from pages.ui import (
+    LIVE_RUN_KEY,
+    details,
+    ensure_app_shell,
+    get_store,
+    plain,
+    show_caveat,
+    status_badge,
+)
 from pages.whatif_view import TITLE as WHATIF_TITLE
 from pages.whatif_view import draw_projection
 
@@ -107,8 +115,8 @@ def verdict_banner(result: dict) -> None:
     if evidence:  # kernel names from the trace: shown as text
         st.caption("Evidence kernels (template arguments elided):")
         st.code("\n".join(short_kernel_name(name) for name in evidence), language=None)
-        with st.expander("Full kernel names"):
-            st.code("\n\n".join(evidence), language=None)
+        details("Full kernel names", "kernels_full_names",
+                lambda: st.code("\n\n".join(evidence), language=None))
 
 
 def defects_warning(result: dict) -> None:
@@ -169,9 +177,9 @@ def gpu_accounting(accounting: dict) -> None:
                    "its first GPU work started)")
         st.dataframe(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
                      hide_index=True, key="gpu_steps", placeholder=NA)
-        with st.expander("Communication and copies per step"):
-            st.dataframe(pd.DataFrame([_step_comm_row(row) for row in accounting["steps"]]),
-                         hide_index=True, key="gpu_steps_comm", placeholder=NA)
+        details("Communication and copies per step", "kernels_step_comm", lambda: st.dataframe(
+            pd.DataFrame([_step_comm_row(row) for row in accounting["steps"]]),
+            hide_index=True, key="gpu_steps_comm", placeholder=NA))
     st.caption("Per stream")
     st.dataframe(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
                  hide_index=True, key="gpu_streams", placeholder=NA)
@@ -274,9 +282,9 @@ def gpu_report(result: dict) -> None:
                  column_config={"time_ms": st.column_config.NumberColumn("time (ms)",
                                                                          format="%.3f"),
                                 "tensor_core": st.column_config.TextColumn("Tensor Cores")})
-    with st.expander("Why each verdict, and the full kernel names"):
-        st.dataframe(top, hide_index=True, key="top_kernels_why",
-                     column_order=["kernel", "why", "name"], placeholder=NA)
+    details("Why each verdict, and the full kernel names", "kernels_why",
+            lambda: st.dataframe(top, hide_index=True, key="top_kernels_why",
+                                 column_order=["kernel", "why", "name"], placeholder=NA))
     could = result.get("could_have_didnt") or []
     st.subheader("Could have, didn't")
     if could:
@@ -286,14 +294,14 @@ def gpu_report(result: dict) -> None:
                         f"without Tensor Cores ({_pct(row['without_tensor_core_share'])} of its "
                         f"matrix time{plain(''.join(', ' + d for d in row['dtypes']))}). "
                         f"{plain('; '.join(row['likely_causes']))}")
-        with st.expander("As a table, with the kernels"):
-            st.dataframe(pd.DataFrame([_could_row(row) for row in could]), hide_index=True,
-                         key="could_have", placeholder=NA)
+        details("As a table, with the kernels", "kernels_could_table",
+                lambda: st.dataframe(pd.DataFrame([_could_row(row) for row in could]),
+                                     hide_index=True, key="could_have", placeholder=NA))
     else:
         st.caption("No matrix op ran without Tensor Cores in this window.")
-    with st.expander("Per CPU op"):
-        st.dataframe(pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
-                     hide_index=True, key="per_op", placeholder=NA)
+    details("Per CPU op", "kernels_per_op", lambda: st.dataframe(
+        pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
+        hide_index=True, key="per_op", placeholder=NA))
     if (result.get("accounting") or {}).get("kind") == "gpu":
         gpu_accounting(result["accounting"])
 
@@ -409,6 +417,12 @@ def _safe_name(name: str) -> str:
     return cleaned or "trace.json"
 
 
+def _rank_file_row(row: dict) -> dict:
+    return {"rank": row["rank"], "trace": row["source"], "steps": row["step_count"],
+            "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct(row["busy_share"]),
+            "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
+
+
 def _ms_or_na(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1000:,.2f}"
 
@@ -432,12 +446,9 @@ def trace_set_report(result: dict) -> None:
              "exposed comm. (ms)": _ms_or_na(row["exposed_communication_us"]),
              "waiting (ms)": _ms_or_na(row.get("waiting_us"))} for row in result["ranks"]]
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="rank_table", placeholder=NA)
-    with st.expander("Per-rank files and totals"):
-        st.dataframe(pd.DataFrame([{
-            "rank": row["rank"], "trace": row["source"], "steps": row["step_count"],
-            "busy (ms)": _ms_or_na(row["busy_us"]), "busy": _pct(row["busy_share"]),
-            "world size": row["world_size"] if row["world_size"] is not None else "n/a"}
-            for row in result["ranks"]]), hide_index=True, key="rank_files", placeholder=NA)
+    details("Per-rank files and totals", "kernels_rank_files", lambda: st.dataframe(
+        pd.DataFrame([_rank_file_row(row) for row in result["ranks"]]),
+        hide_index=True, key="rank_files", placeholder=NA))
     if result.get("collectives_note"):
         st.caption(plain(result["collectives_note"]))
     figure = go.Figure(go.Bar(

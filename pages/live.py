@@ -57,6 +57,7 @@ from pages.ui import (
     PREFILL_KEY,
     VERDICT_COLOURS,
     coloured,
+    details,
     ensure_app_shell,
     fmt_duration,
     fmt_num,
@@ -472,7 +473,7 @@ if not run.is_active and on_ray:
 elif not run.is_active and not cfg.is_speedup_check:
     batch_search_block(run)
 
-with st.expander("Worker log"):
-    st.code(read_log_tail(run.id, store) or "(empty)", language="text")
-with st.expander("Run config and summary (JSON)"):
-    st.json({"config": cfg.to_dict(), "summary": run.summary})
+details("Worker log", "live_worker_log",
+        lambda: st.code(read_log_tail(run.id, store) or "(empty)", language="text"))
+details("Run config and summary (JSON)", "live_config_json",
+        lambda: st.json({"config": cfg.to_dict(), "summary": run.summary}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from typing import Callable
 
 import plotly.io as pio
 import streamlit as st
@@ -136,6 +137,20 @@ def show_caveat(caveat: dict) -> None:
     """An engine caveat ({"text", "severity"}): a warning changes what the figures beside it
     mean, a note frames them. The text may hold run names: shown literally."""
     (st.warning if caveat["severity"] == "warning" else st.caption)(plain(caveat["text"]))
+
+
+def details(label: str, key: str, draw: Callable[[], None]) -> None:
+    """An expander whose content (a table, code, JSON: nothing with a widget) is built, sent
+    and drawn only while it is open.
+
+    Streamlit draws a closed expander's content all the same: on a 2-core machine each
+    closed table or code block cost the browser 50-200 ms before the page was ready
+    (bench.pages_browser, with Chromium's profiler). Opening one reruns the page, which then
+    draws it. Widgets stay in plain expanders: a widget that is not drawn loses its value.
+    """
+    with st.expander(label, key=key, on_change="rerun") as box:
+        if box.open:
+            draw()
 
 
 def status_badge(status: str) -> str:

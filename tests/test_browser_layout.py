@@ -122,6 +122,26 @@ def test_main_tables_fit_a_laptop_screen(lab):
     assert _grids_fit(page, ["kernel", "time (ms)", "count", "Tensor Cores"]) == []
 
 
+@pytest.mark.timeout(180)
+def test_a_closed_detail_is_drawn_when_opened(lab):
+    """pages/ui.details: a closed expander's table is not sent; a click opens it and the
+    page, rerun, draws it."""
+    page = lab["page"]
+    _open(lab, f"/kernels?run={lab['kernel_run']}", "Kernels")
+    tables = page.locator('[data-testid="stDataFrame"]')
+    wait_for(lambda: tables.count() > 0, timeout_s=30, message="the page's tables")
+    closed = tables.count()
+    cpu_ops = lambda: [cell for row in grid_cells(page) for cell in row if cell.startswith("aten::")]
+    assert not cpu_ops()  # the per-op table is not on the page while closed
+    page.get_by_text("Per CPU op", exact=True).click()
+    wait_for(lambda: tables.count() == closed + 1, timeout_s=30,
+             message=lambda: f"one more table once opened ({closed} -> {tables.count()})")
+    details = page.locator('[data-testid="stExpander"]', has_text="Per CPU op")
+    assert details.locator('[data-testid="stDataFrame"]').count() == 1
+    assert wait_for(cpu_ops, timeout_s=30, message="the CPU ops in the opened table")
+    assert not exceptions(page), exceptions(page)
+
+
 @pytest.mark.timeout(300)
 def test_every_page_at_1280_px_has_a_screenshot(lab):
     page, ids = lab["page"], lab["ids"]

@@ -34,9 +34,18 @@ def _gpu_run(store: Store, trace_name: str, precision: str) -> str:
     return run_id
 
 
-def _kernels_page(run_id: str) -> AppTest:
+# The page's details (pages/ui.details): drawn only while open.
+DETAILS = ("kernels_full_names", "kernels_step_comm", "kernels_why", "kernels_could_table",
+           "kernels_per_op", "kernels_rank_files")
+
+
+def _kernels_page(run_id: str, open_details: bool = True) -> AppTest:
+    """The Kernels page of this run, with every detail opened (as a person clicking each
+    one), or with none."""
     at = AppTest.from_file(APP, default_timeout=60)
     at.session_state["live_run_id"] = run_id
+    for key in DETAILS if open_details else ():
+        at.session_state[key] = True
     at.run()
     at.switch_page("pages/kernels.py").run()
     assert not at.exception, at.exception
@@ -60,6 +69,19 @@ def test_h100_run_shows_tensor_core_verdict_with_kernel_evidence(store):
     # The Live page carries the badge once the window is analysed.
     at.switch_page("pages/live.py").run()
     assert any("Tensor Cores: yes" in md.value for md in at.markdown)
+
+
+def test_closed_details_are_not_drawn_until_opened(store):
+    run_id = _gpu_run(store, "a100_conv_nccl_hta.json.gz", "tf32")
+    closed = _kernels_page(run_id, open_details=False)
+    opened = _kernels_page(run_id)
+    labels = [expander.label for expander in closed.expander]
+    assert "Per CPU op" in labels and "Full kernel names" in labels
+    # closed: the expanders are there, their tables and code are not
+    assert len(closed.dataframe) < len(opened.dataframe)
+    assert len(closed.code) == 1 and len(opened.code) == 2  # the evidence list, + full names
+    per_op = lambda at: [df.value for df in at.dataframe if "cpu_op" in df.value.columns]
+    assert not per_op(closed) and per_op(opened)
 
 
 def test_pascal_run_says_no_tensor_cores_and_why(store):

@@ -77,6 +77,7 @@ def test_kernels_page_shows_hostile_kernel_and_device_names_as_text(home):
         ids.append(run_id)
     run_id = ids[0]
     at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["kernels_full_names"] = True  # the full kernel names' details, opened
     at.run()
     at.query_params["run"] = run_id
     at.switch_page("pages/kernels.py").run()
