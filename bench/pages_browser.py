@@ -16,7 +16,14 @@ Pages: Launch (the server's first page: its cold start is reported on its own), 
 running, Live finished, Runs (200 runs), Compare with 3 and with 20 runs, Kernels with a
 real trace, the HTML report of 3 runs opened from disk. Then click -> first point on the
 Live page (bench.first_point_browser's measurement), once right after the server's
-first page (first launch) and then warm.
+first page (first launch) and then warm, in turn with Launch opened by its address (a new
+page load) and from the Live page's sidebar (how a person goes on to the next run; the tab
+keeps the JavaScript it has loaded, plotly among it).
+
+Each visit is also split where the time went, from the times the page's websocket opened
+and last received a message before the page was ready (page clock): the page's start
+(HTML, Streamlit's JavaScript), the server's script run, and the browser's drawing after
+the last message.
 
 Beside them, in the same run and browser, Streamlit's own floor on this machine: a second
 server of a bare app (a title and a button; the same with one plotly chart of 1,000 points;
@@ -50,6 +57,9 @@ from bench.first_point_browser import (
 )
 
 PAGE_GOAL_S = 1.5
+LIVE_RUNNING = "Live, running run (its trainer using the CPU)"
+WARM_WAYS = {"address": "Launch opened by its address",
+             "sidebar": "Launch opened from the sidebar"}
 FIRST_POINT_WARM_GOAL_S = 1.5
 FIRST_POINT_FIRST_GOAL_S = 3.0
 STORE_RUNS, STORE_STEPS = 200, 1_000
@@ -74,17 +84,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.pages_browser", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="visits per page (default 3)")
-    parser.add_argument("--launches", type=int, default=3,
-                        help="click -> first point launches (default 3: 1 first, 2 warm)")
+    parser.add_argument("--launches", type=int, default=5,
+                        help="click -> first point launches (default 5: the first, then warm "
+                             "ones in turn with Launch opened by its address and from the "
+                             "sidebar)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 1 visit per page, 2 launches, 40 runs in the store")
+                        help="smoke test: 1 visit per page, 3 launches, 40 runs in the store")
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     parser.add_argument("--server-log", metavar="PATH",
                         help="keep the app server's log here (it is deleted with the store)")
     args = parser.parse_args(argv)
     args.store_runs = STORE_RUNS
     if args.quick:
-        args.repeats, args.launches, args.store_runs = 1, 2, 40
+        args.repeats, args.launches, args.store_runs = 1, 3, 40
     return args
 
 
@@ -151,23 +163,27 @@ st.button("Go")
 """
 
 
-def measure_floor(context, tmp: Path, repeats: int) -> dict[str, list[float]]:
-    """Navigation -> drawn and idle for a bare Streamlit page and one with a plotly chart,
-    from a server of its own (the same Streamlit, browser and machine as the app's)."""
+def measure_floor(context, tmp: Path, repeats: int, phases: dict[str, list]) -> dict[str, list[float]]:
+    """Navigation -> drawn and idle for a bare Streamlit page, and the same with a plotly
+    chart, 40 widgets or a 200-row table, from a server of its own (the same Streamlit,
+    browser and machine as the app's). Each visit's split is appended to `phases`."""
     script = tmp / "floor_app.py"
     script.write_text(FLOOR_APP)
     server = Server(tmp / "floor_home", tmp / "floor.log", script=str(script))
+    go_button = idle_with('button:has-text("Go")')
+    variants = {FLOOR_BARE: ("/", go_button),
+                FLOOR_CHART: ("/?chart=1", idle_with(".js-plotly-plot", 1)),
+                FLOOR_WIDGETS: ("/?widgets=40", go_button),
+                FLOOR_TABLE: ("/?table=1", idle_with('[data-testid="stDataFrame"]'))}
     try:
         server.wait_healthy()
-        visit(context, f"{server.url}/", idle_with('button:has-text("Go")'))  # its cold start
-        return {FLOOR_BARE: [visit(context, f"{server.url}/", idle_with('button:has-text("Go")'))
-                             for _ in range(repeats)],
-                FLOOR_CHART: [visit(context, f"{server.url}/?chart=1", idle_with(".js-plotly-plot", 1))
-                              for _ in range(repeats)],
-                FLOOR_WIDGETS: [visit(context, f"{server.url}/?widgets=40",
-                                      idle_with('button:has-text("Go")')) for _ in range(repeats)],
-                FLOOR_TABLE: [visit(context, f"{server.url}/?table=1",
-                                    idle_with('[data-testid="stDataFrame"]')) for _ in range(repeats)]}
+        visit(context, f"{server.url}/", go_button)  # its cold start
+        times: dict[str, list[float]] = {}
+        for name, (path, ready) in variants.items():
+            phases[name] = []
+            times[name] = [visit(context, server.url + path, ready, phases[name])
+                           for _ in range(repeats)]
+        return times
     finally:
         server.stop()
 
@@ -182,16 +198,57 @@ FLOOR_TABLE = "floor: bare page + one table of 200 rows"
 # one visit
 
 
-def visit(context, url: str, ready: Callable[[Any], None]) -> float:
-    """Seconds from navigation (a new tab) to `ready` returning; the tab is closed after."""
+# Installed in every tab before the page's own scripts: the times (page clock, ms) the
+# app's websocket opened and received each message, so a visit splits into the page's
+# start, the server's script run and the browser's drawing.
+_SOCKET_CLOCK_JS = """(() => {
+  const Native = window.WebSocket;
+  window.__benchSocket = {opened: null, first: null, last: null, messages: 0};
+  const clock = window.__benchSocket;
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener('open', () => { clock.opened = performance.now(); });
+      this.addEventListener('message', () => {
+        clock.last = performance.now();
+        if (clock.first === null) clock.first = clock.last;
+        clock.messages += 1;
+      });
+    }
+  };
+})();"""
+_SOCKET_READ_JS = "() => ({...(window.__benchSocket || {}), now: performance.now()})"
+
+
+def visit(context, url: str, ready: Callable[[Any], None], phases: list | None = None) -> float:
+    """Seconds from navigation (a new tab) to `ready` returning; the tab is closed after.
+    With `phases`, appends where the time went (`split_visit`)."""
     page = context.new_page()
     try:
         started = time.perf_counter()
         page.goto(url, wait_until="commit", timeout=PAGE_TIMEOUT_MS)
         ready(page)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        if phases is not None:
+            phases.append(split_visit(page.evaluate(_SOCKET_READ_JS)))
+        return seconds
     finally:
         page.close()
+
+
+PHASES = {"start_s": "page start: HTML, Streamlit's JavaScript, socket open",
+          "script_s": "server: socket open -> the script run's last message",
+          "drawing_s": "browser: last message -> drawn and idle"}
+
+
+def split_visit(clock: dict) -> dict[str, float | None]:
+    """A visit in three parts (s, page clock): until the socket opened; until the last
+    message before the page was ready; the drawing after it. None where the page has no
+    socket (the HTML report)."""
+    if clock.get("opened") is None or clock.get("last") is None:
+        return dict.fromkeys(PHASES)
+    return {"start_s": clock["opened"] / 1000, "script_s": (clock["last"] - clock["opened"]) / 1000,
+            "drawing_s": (clock["now"] - clock["last"]) / 1000}
 
 
 def idle_with(selector: str, charts: int = 0) -> Callable[[Any], None]:
@@ -212,12 +269,13 @@ def charts_only(charts: int) -> Callable[[Any], None]:
     return ready
 
 
-def scenarios(url: str, prepared: dict[str, Any], running_id: str) -> dict[str, tuple[str, Callable]]:
+def scenarios(url: str, prepared: dict[str, Any]) -> dict[str, tuple[str, Callable]]:
+    """The pages visited with no run training (the machine quiet but for the browser and
+    the server); Live of a running run is visited on its own, with its trainer."""
     run_ids = prepared["run_ids"]
     table = '[data-testid="stDataFrame"]'
     return {
         "Launch": (f"{url}/", idle_with('button:has-text("Launch run")')),
-        "Live, running run": (f"{url}/live?run={running_id}", charts_only(1)),
         "Live, finished run": (f"{url}/live?run={run_ids[0]}", idle_with(".js-plotly-plot", 3)),
         f"Runs, {len(run_ids) + 2} runs": (f"{url}/runs", idle_with(table)),
         "Compare, 3 runs": (f"{url}/compare?runs={','.join(run_ids[:3])}",
@@ -244,6 +302,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     server = Server(home, home.parent / "streamlit.log")
     pages: dict[str, list[float]] = {}
     floor: dict[str, list[float]] = {}
+    phases: dict[str, list[dict]] = {}
     launches: list[dict[str, Any]] = []
     try:
         server_started = time.perf_counter()
@@ -252,26 +311,33 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 context = browser.new_context(viewport=VIEWPORT)
+                context.add_init_script(_SOCKET_CLOCK_JS)
                 cold_s = visit(context, f"{server.url}/", idle_with('button:has-text("Launch run")'))
                 cold_from_start_s = time.perf_counter() - server_started
                 launch_page = context.new_page()
                 launches.append(one_launch(launch_page, server, store))  # the first launch
                 stop_runs(store)
+                for name, (url, ready) in scenarios(server.url, prepared).items():
+                    phases[name] = []
+                    pages[name] = [visit(context, url, ready, phases[name])
+                                   for _ in range(args.repeats)]
+                # A trainer takes both cores of a small machine: only this page sees it.
                 running_id = start_running_run(store)
-                for name, (url, ready) in scenarios(server.url, prepared, running_id).items():
-                    pages[name] = [visit(context, url, ready) for _ in range(args.repeats)]
+                pages[LIVE_RUNNING] = [visit(context, f"{server.url}/live?run={running_id}",
+                                             charts_only(1)) for _ in range(args.repeats)]
                 stop_runs(store)
-                for _ in range(max(0, args.launches - 1)):
-                    launches.append(one_launch(launch_page, server, store))
+                for number in range(max(0, args.launches - 1)):
+                    launches.append(one_launch(launch_page, server, store,
+                                               via_sidebar=number % 2 == 1))
                     stop_runs(store)
-                floor = measure_floor(context, home.parent, args.repeats)
+                floor = measure_floor(context, home.parent, args.repeats, phases)
             finally:
                 browser.close()
     finally:
         server.stop()
         stop_runs(store)
         end_standbys(home, standby)
-    return {"pages": pages, "floor": floor, "cold_launch_page_s": cold_s,
+    return {"pages": pages, "floor": floor, "phases": phases, "cold_launch_page_s": cold_s,
             "server_start_to_first_page_s": cold_from_start_s, "launches": launches,
             "dataset": prepared["dataset"], "store_runs": len(prepared["run_ids"]) + 2}
 
@@ -282,22 +348,33 @@ def summarize(measured: dict[str, Any]) -> dict[str, Any]:
     first = measured["launches"][:1]
     warm = measured["launches"][1:]
     point = {"first_launch_s": first[0]["click_to_visible_s"] if first else None,
-             "warm": spread(launch["click_to_visible_s"] for launch in warm)}
+             "warm": spread(launch["click_to_visible_s"] for launch in warm),
+             **{f"warm_{way}": spread(launch["click_to_visible_s"] for launch in warm
+                                      if launch["via"] == way) for way in ("address", "sidebar")}}
     missed = [name for name, figures in pages.items()
               if figures["median"] is None or figures["median"] >= PAGE_GOAL_S]
     if measured["cold_launch_page_s"] >= PAGE_GOAL_S:
         missed.append("Launch, first page of the server")
     if point["first_launch_s"] is None or point["first_launch_s"] >= FIRST_POINT_FIRST_GOAL_S:
         missed.append("click -> first point, first launch")
-    if warm and (point["warm"]["median"] or 0) >= FIRST_POINT_WARM_GOAL_S:
-        missed.append("click -> first point, warm")
+    for way, words in WARM_WAYS.items():
+        if (point[f"warm_{way}"]["median"] or 0) >= FIRST_POINT_WARM_GOAL_S:
+            missed.append(f"click -> first point, warm, {words}")
     floor = {name: spread(times) for name, times in measured.get("floor", {}).items()}
     bare = (floor.get(FLOOR_BARE) or {}).get("median")
     # each page against the bare Streamlit page, measured side by side in this run
     x_floor = {name: (figures["median"] / bare if bare and figures["median"] else None)
                for name, figures in pages.items()}
+    # where each page's time went: the median of each part over its visits
+    split = {name: {part: spread(visit_split[part] for visit_split in visits)["median"]
+                    for part in PHASES}
+             for name, visits in measured.get("phases", {}).items()}
     return {"pages": pages, "first_point": point, "missed": missed, "floor": floor,
-            "x_floor": x_floor}
+            "x_floor": x_floor, "phases": split}
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,10 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"Seconds from navigation to drawn and idle (goal < {PAGE_GOAL_S} s); "
                 "x floor: against the bare Streamlit page, same run",
                 ["page", "median", "first", "min", "max", "n", "x floor"], rows)
+    print_table("Where the time went (median s): " + "; ".join(
+                    f"{part.removesuffix('_s')} = {words}" for part, words in PHASES.items()),
+                ["page", *(part.removesuffix("_s") for part in PHASES)],
+                [[name, *(split[part] for part in PHASES)]
+                 for name, split in summary["phases"].items()])
     point = summary["first_point"]
     print(f"\nclick -> first point: first launch {point['first_launch_s']:.2f} s (goal < "
-          f"{FIRST_POINT_FIRST_GOAL_S} s), warm median {point['warm']['median'] or float('nan'):.2f} s "
-          f"(goal < {FIRST_POINT_WARM_GOAL_S} s)")
+          f"{FIRST_POINT_FIRST_GOAL_S} s); warm (goal < {FIRST_POINT_WARM_GOAL_S} s): "
+          + "; ".join(f"{words}, median {_seconds(point[f'warm_{way}']['median'])} "
+                      f"(n={point[f'warm_{way}']['n']})" for way, words in WARM_WAYS.items()))
     print("goals: " + ("met" if not summary["missed"] else "MISSED by " + ", ".join(summary["missed"])))
     if args.json:
         emit_json({"benchmark": "pages_browser", "target": PAGE_GOAL_S, "target_op": "<",
@@ -341,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                    "server_start_to_first_page_s": measured["server_start_to_first_page_s"],
                    "first_point": point, "results": summary["pages"],
                    "floor": summary["floor"], "x_floor": summary["x_floor"],
+                   "phases": summary["phases"],
                    "launches": measured["launches"], "dataset": measured["dataset"],
                    "config": {"viewport": VIEWPORT, "repeats": args.repeats,
                               "store_runs": measured["store_runs"]},

@@ -187,16 +187,27 @@ def test_pages_browser_times_every_page_and_the_first_point():
     result = run_bench("bench.pages_browser", timeout=380.0)
     assert_common(result, "pages_browser")
     assert result["target"] == 1.5 and result["target_op"] == "<"
-    pages = {"Launch", "Live, running run", "Live, finished run", "Compare, 3 runs",
+    pages = {"Launch", "Live, finished run", "Compare, 3 runs",
              "Compare, 20 runs", "Kernels, V100 trace", "HTML report, 3 runs"}
     assert pages <= set(result["page_s"])
     assert any(name.startswith("Runs, ") for name in result["page_s"])
+    assert any(name.startswith("Live, running run") for name in result["page_s"])
     for name, seconds in result["page_s"].items():
         assert_finite(seconds, name)
         assert seconds > 0
     assert_finite(result["cold_launch_page_s"], "cold_launch_page_s")
     assert_finite(result["first_point"]["first_launch_s"], "first launch")
-    assert len(result["launches"]) == 2 and all(l["run_id"] for l in result["launches"])
+    assert len(result["launches"]) == 3 and all(l["run_id"] for l in result["launches"])
+    # warm launches in turn: Launch by its address, then from the Live page's sidebar
+    assert [l["via"] for l in result["launches"]] == ["address", "address", "sidebar"]
+    for way in ("address", "sidebar"):
+        assert_finite(result["first_point"][f"warm_{way}"]["median"], f"warm, {way}")
+    # each page split into its start, the server's script run and the browser's drawing,
+    # which add up to about the visit (the split is read just after the page was ready)
+    launch = result["phases"]["Launch"]
+    assert all(launch[part] > 0 for part in ("start_s", "script_s", "drawing_s"))
+    assert sum(launch.values()) == pytest.approx(result["page_s"]["Launch"], rel=0.5)
+    assert set(result["phases"]["HTML report, 3 runs"].values()) == {None}  # no socket
     # Streamlit's own floor, measured beside the pages, and each page against it
     assert len(result["floor"]) == 4
     for name, figures in result["floor"].items():
