@@ -54,6 +54,7 @@ from bench.first_point_browser import (
     end_standbys,
     one_launch,
     stop_runs,
+    wait_standby,
 )
 
 PAGE_GOAL_S = 1.5
@@ -269,6 +270,13 @@ def charts_only(charts: int) -> Callable[[Any], None]:
     return ready
 
 
+def settle(store) -> None:
+    """Stop every run, then wait for the successor standby to have imported torch (~3 s of
+    CPU on 2 cores): no page visit or launch is timed while it does."""
+    stop_runs(store)
+    wait_standby(store.home)
+
+
 def scenarios(url: str, prepared: dict[str, Any]) -> dict[str, tuple[str, Callable]]:
     """The pages visited with no run training (the machine quiet but for the browser and
     the server); Live of a running run is visited on its own, with its trainer."""
@@ -316,7 +324,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 cold_from_start_s = time.perf_counter() - server_started
                 launch_page = context.new_page()
                 launches.append(one_launch(launch_page, server, store))  # the first launch
-                stop_runs(store)
+                settle(store)
                 for name, (url, ready) in scenarios(server.url, prepared).items():
                     phases[name] = []
                     pages[name] = [visit(context, url, ready, phases[name])
@@ -325,11 +333,11 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 running_id = start_running_run(store)
                 pages[LIVE_RUNNING] = [visit(context, f"{server.url}/live?run={running_id}",
                                              charts_only(1)) for _ in range(args.repeats)]
-                stop_runs(store)
+                settle(store)
                 for number in range(max(0, args.launches - 1)):
                     launches.append(one_launch(launch_page, server, store,
                                                via_sidebar=number % 2 == 1))
-                    stop_runs(store)
+                    settle(store)
                 floor = measure_floor(context, home.parent, args.repeats, phases)
             finally:
                 browser.close()
