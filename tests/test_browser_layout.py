@@ -129,12 +129,19 @@ def test_a_closed_detail_is_drawn_when_opened(lab):
     page = lab["page"]
     _open(lab, f"/kernels?run={lab['kernel_run']}", "Kernels")
     tables = page.locator('[data-testid="stDataFrame"]')
-    wait_for(lambda: tables.count() > 0, timeout_s=30, message="the page's tables")
-    closed = tables.count()
+    idle = page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]')
+
+    def drawn_tables() -> int | None:
+        """The number of tables once the script is idle and two readings agree."""
+        first = tables.count()
+        page.wait_for_timeout(500)
+        return first if first and idle.count() and tables.count() == first else None
+
+    closed = wait_for(drawn_tables, timeout_s=30, message="the page's tables, drawn")
     cpu_ops = lambda: [cell for row in grid_cells(page) for cell in row if cell.startswith("aten::")]
     assert not cpu_ops()  # the per-op table is not on the page while closed
     page.get_by_text("Per CPU op", exact=True).click()
-    wait_for(lambda: tables.count() == closed + 1, timeout_s=30,
+    wait_for(lambda: drawn_tables() == closed + 1, timeout_s=30,
              message=lambda: f"one more table once opened ({closed} -> {tables.count()})")
     details = page.locator('[data-testid="stExpander"]', has_text="Per CPU op")
     assert details.locator('[data-testid="stDataFrame"]').count() == 1
