@@ -176,7 +176,8 @@ def one_launch(page, server: Server, store, via_sidebar: bool = False) -> dict[s
     The Launch page is opened by its address (a new page load), or with `via_sidebar`, from
     the Live page the previous launch ended on, by the sidebar's link, as a person goes on
     from one run to the next: the tab keeps the JavaScript it has loaded (plotly among it)."""
-    via_sidebar = via_sidebar and "/live" in page.url  # else there is no sidebar to go from
+    if via_sidebar and "/live" not in page.url:
+        raise RuntimeError(f"via_sidebar: the tab is on {page.url}, not on a Live page")
     if via_sidebar:
         page.get_by_role("link", name="Launch", exact=True).first.click()
         page.wait_for_url(lambda url: "/live" not in url, timeout=60_000)

@@ -37,7 +37,6 @@ from pages.ui import (
     RELAUNCHED_KEY,
     NumberInputs,
     cached_devices,
-    details,
     ensure_app_shell,
     get_store,
     open_in_live,
@@ -428,6 +427,6 @@ with aa_col:
                       "it should find no difference. Checks the method on this machine."):
         _launch_check([aa_baseline, aa_baseline])
 
-details(f"Precision modes on {device.name}", "launch_modes_table",
-        lambda: st.table([{"mode": m, "status": s.status, "why": s.reason}
-                          for m, s in support.items()]))
+with st.expander(f"Precision modes on {device.name}"):
+    st.table([{"mode": m, "status": s.status, "why": s.reason}
+              for m, s in support.items()])

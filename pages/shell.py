@@ -12,7 +12,7 @@ import streamlit as st
 
 from engine.support import torch_support
 from engine.display import memory_text
-from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, details, plain
+from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, plain
 
 PAGES = [
     ("pages/launch.py", "Launch", ":material/rocket_launch:"),
@@ -54,11 +54,7 @@ def device_card() -> None:
         for dev in (gpus or []) + [d for d in devices if d.kind == "cpu"]:
             memory = memory_text(dev.memory_bytes)
             st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
-            details("What each precision mode means here", f"device_modes_{dev.key}",
-                    lambda dev=dev: _mode_lines(dev))
-
-
-def _mode_lines(dev) -> None:
-    for mode, support in dev.modes.items():
-        st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))}: "
-                    f"{support.reason}")
+            with st.expander("What each precision mode means here", expanded=False):
+                for mode, support in dev.modes.items():
+                    st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))}: "
+                                f"{support.reason}")

@@ -144,9 +144,10 @@ def details(label: str, key: str, draw: Callable[[], None]) -> None:
     and drawn only while it is open.
 
     Streamlit draws a closed expander's content all the same: on a 2-core machine each
-    closed table or code block cost the browser 50-200 ms before the page was ready
-    (bench.pages_browser, with Chromium's profiler). Opening one reruns the page, which then
-    draws it. Widgets stay in plain expanders: a widget that is not drawn loses its value.
+    closed table or code block cost the browser 50-200 ms before the page was ready (a
+    Chromium CPU profile of Live and Kernels). Opening or closing one reruns the page, so
+    this is for pages with heavy details and a quick script (Live, Kernels, the GPU check).
+    Widgets stay in plain expanders: a widget that is not drawn loses its value.
     """
     with st.expander(label, key=key, on_change="rerun") as box:
         if box.open:

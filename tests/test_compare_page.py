@@ -34,7 +34,6 @@ def lab(home):
 
 def _compare_page(preset_ids=None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=90)
-    at.session_state["compare_every_column"] = True  # the details with every column, opened
     at.run()
     if preset_ids is not None:
         at.session_state["preset_run_ids"] = preset_ids

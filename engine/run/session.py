@@ -79,8 +79,8 @@ class MetricBuffer:
         self.token = token  # the trainer's claim on the run (store.claim_trainer)
         self.rows: list[dict] = []
         # The first point is what a person who just pressed Launch waits for: a trainer from
-        # the standby reaches its first step ~0.1 s after this buffer exists, and the first
-        # row used to wait out the rest of the interval (~0.4 s, bench.first_point).
+        # the standby reaches its first step ~0.1 s after this buffer exists, and would
+        # otherwise wait out the rest of the interval for it (~0.4 s, bench.first_point).
         self.last_flush_s = float("-inf")
         self.conn = store.open_connection()  # kept: a fresh one per flush costs ~7 ms
 
