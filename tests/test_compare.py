@@ -312,3 +312,24 @@ def test_no_fastest_run_is_named_when_a_run_was_measured_on_a_busy_machine(store
     assert bf16.startswith("bf16-amp: throughput 2.00x fp32's, not a speedup figure: bf16-amp "
                            "was measured while the machine was busy")
     assert "faster than" not in bf16
+
+
+def test_the_unpaired_interval_is_kept_per_pair_of_step_times_and_bounded():
+    import numpy as np
+
+    from engine.analysis import compare
+
+    rng = np.random.default_rng(7)
+    base = list(100.0 + rng.normal(0, 2, 400))
+    mode = list(80.0 + rng.normal(0, 2, 400))
+    fresh = compare._bootstrap_interval(np.asarray(base), np.asarray(mode))
+    first = compare.unpaired_ratio_interval(base, mode)
+    again = compare.unpaired_ratio_interval(base, mode)
+    assert first == fresh == again  # kept, and the same figure as computed afresh
+    assert first[0] < 100.0 / 80.0 < first[1]
+    # one more step time is another pair of runs (a run still logging): computed anew
+    grown = compare.unpaired_ratio_interval(base, mode + [80.0])
+    assert grown == compare._bootstrap_interval(np.asarray(base), np.asarray(mode + [80.0]))
+    for shift in range(compare._INTERVALS_KEPT + 5):  # the oldest are dropped
+        compare.unpaired_ratio_interval(base, [m + shift for m in mode[:20]])
+    assert len(compare._INTERVALS) == compare._INTERVALS_KEPT
