@@ -268,6 +268,23 @@ def test_plausible_range_follows_the_isa_flags():
     assert plausible_range(cpu_device(), "fp32")[0] > 0.22e9
 
 
+def test_a_peak_refused_for_steal_says_steal_not_only_the_idle_cores():
+    """A shared VM's hypervisor can take the CPUs while no other process here runs: the
+    reason must say so (it read 'other processes used 0.0 of 2 cores')."""
+    from engine.hardware.peaks import MatmulTiming, _record, unusable_reason
+
+    cpu = cpu_device()
+    timing = MatmulTiming(flops_per_s=140e9, n=1024, reps=12, elapsed_s=1.4)
+    record = _record(timing, {"others_cpu_cores": 0.0, "steal_pct": 16.1}, 2, cpu, "a run")
+    assert record["busy"] is True and record["causes"] == ["steal"]
+    assert unusable_reason(record, cpu, "fp32") == (
+        "measured while the machine was busy (other processes used 0.0 of 2 cores; the "
+        "hypervisor took 16 % of the CPU time (steal))")
+    quiet = _record(timing, {"others_cpu_cores": 0.1, "steal_pct": 1.0}, 2, cpu, "a run")
+    assert quiet["busy"] is False
+    assert _record(timing, {}, 2, cpu, "a run")["load_words"] == "load not measured"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flops, busy, version, why", [
     (0.22e9, False, 2, "below"),           # a tiny figure, even one recorded as quiet
@@ -360,15 +377,26 @@ def test_the_next_run_after_a_poisoned_cache_reports_a_plausible_mfu(home, cli):
 
     cpu = cpu_device()
     _poison(cpu, 0.22e9, None, version=1)
-    for _attempt in range(3):
+    refusals = []
+    for _attempt in range(4):
         proc = cli("run", "--model", "mlp", "--precision", "fp32", "--steps", "30",
                    "--batch-size", "64", "--no-profile", "--json", timeout=240)
         assert proc.returncode == 0, proc.stderr[-2000:]
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         if result["mfu"] is not None:
             break
-        time.sleep(2.0)  # the machine was busy at the run's start: the next one measures
-    assert result["mfu"] is not None, result
+        # Refused as busy (other processes, or the hypervisor's steal on a shared VM): the
+        # poisoned record is not used either, the ISA-peak MFU still is, and the next run
+        # measures again.
+        run = json.loads(cli("show", result["run_id"], "--json").stdout)
+        note = run["summary"]["mfu_note"]
+        assert "peak not usable: measured while the machine was busy" in note, note
+        assert result["mfu_peaks"]["measured"]["mfu"] is None
+        assert result["mfu_peaks"]["datasheet"]["mfu"] > 0
+        refusals.append(note)
+        time.sleep(2.0)
+    if result["mfu"] is None:
+        pytest.skip(f"every peak measurement was refused as busy: {refusals}")
     assert 0.0 < result["mfu"] <= 1.0
     assert result["mfu_peak"].startswith("measured fp32 matmul peak, ")
     assert "(a run, " in result["mfu_peak"] and "machine quiet" in result["mfu_peak"]

@@ -574,6 +574,23 @@ def test_a_ray_run_whose_driver_died_fails_naming_the_driver(store):
     assert f"the Ray sweep driver (pid {pid})" in run.reason and "driver.log" in run.reason
 
 
+def test_a_failed_sweep_and_its_runs_fail_in_one_write_keeping_the_first_reason(store):
+    run_id = _ray_sweep_with_one_run(store, None, None)
+    ended_run = store.create_run(RunConfig(model="mlp"), "ray", "Ray cluster: waiting")
+    sweep_id = store.sweep_of_run(run_id).id
+    store.link_sweep_run(sweep_id, ended_run, 1)
+    store.set_status(ended_run, STOPPED, "stopped by the user", only_from=(QUEUED,))
+    store.fail_sweep(sweep_id, [run_id, ended_run], "no Ray cluster answered")
+    store.fail_sweep(sweep_id, [run_id, ended_run], "ray.init failed too")  # the second thread
+    sweep = store.get_sweep(sweep_id)
+    run = store.get_run(run_id)
+    assert (sweep.status, sweep.reason) == ("failed", "no Ray cluster answered")
+    assert (run.status, run.reason) == (FAILED, "no Ray cluster answered")
+    assert run.ended_at == sweep.ended_at  # one transaction: no reader sees one without the other
+    assert store.get_run(ended_run).status == STOPPED  # an ended run keeps its own ending
+    assert sweep_view(store, sweep_id).status == "failed"
+
+
 @pytest.mark.slow
 def test_stopping_a_queued_ray_run_is_immediate_and_signals_nothing(store):
     # The run's pid is a live stand-in for the sweep's driver: the stop must go through

@@ -24,9 +24,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO_ROOT / "examples" / "workloads" / "tiny_transformer.py"
 
 # A Dataset whose samples take SAMPLE_S each and a model whose forward takes STEP_S:
-# a batch costs 8 x 7.5 = 60 ms to load and 40 ms to train on. With 0 workers the loop
-# waits 60 of every ~100 ms; 2 workers load one batch per 30 ms, faster than the 40 ms
-# the loop consumes one, so after the first batches it hardly waits at all.
+# a batch costs 8 x 10 = 80 ms to load and 60 ms to train on. With 0 workers the loop
+# waits 80 of every ~140 ms; 2 workers load one batch per 40 ms, faster than the 60 ms
+# the loop consumes one, so after the first batches it waits only for a batch's hand-over
+# (a few ms when a busy machine is slow to wake the loop).
 SLOW_WORKLOAD = '''
 """A deliberately slow input pipeline."""
 import time
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 from engine.workloads import Workload
 
-SAMPLE_S, STEP_S = 0.0075, 0.040
+SAMPLE_S, STEP_S = 0.010, 0.060
 
 
 class Slow(torch.utils.data.Dataset):
@@ -127,7 +128,7 @@ def test_data_wait_is_most_of_the_step_without_workers_and_little_with_two(
         assert no_children_left(), psutil.Process().children(recursive=True)
     print("steady data-wait share by workers:", shares)
     assert shares[0] > 0.5, shares
-    assert shares[2] < 0.1, shares
+    assert shares[2] < 0.15, shares
 
 
 @pytest.mark.slow

@@ -58,7 +58,6 @@ from engine.schema import (
     QUEUED,
     STOPPED,
     SWEEP_DONE,
-    SWEEP_FAILED,
 )
 from engine.store import Store, SweepRecord
 
@@ -286,9 +285,7 @@ def failure_outcome(exc: BaseException, step: int, stop_asked: bool, forced: boo
 def fail_sweep(store: Store, sweep: SweepRecord, reason: str) -> None:
     """The sweep could not run: every run not yet ended fails with the same reason."""
     _say(f"sweep {sweep.id}: failed: {reason}")
-    for run_id in sweep.run_ids:
-        store.set_status(run_id, FAILED, reason)
-    store.set_sweep_status(sweep.id, SWEEP_FAILED, reason)
+    store.fail_sweep(sweep.id, sweep.run_ids, reason)
 
 
 def _first_line(exc: BaseException) -> str:

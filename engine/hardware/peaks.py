@@ -357,15 +357,25 @@ def _record(timing: "MatmulTiming", sample: dict[str, Any], cores: int, device: 
     busy = sample_is_busy(sample, cores)
     causes = sample_causes(sample, cores)
     others = sample.get("others_cpu_cores")
-    load = (f"other processes used {others:.1f} of {cores} cores" if others is not None
-            else "load not measured")
     return {"version": RECORD_VERSION, "flops_per_s": timing.flops_per_s, "n": timing.n,
             "trials": timing.reps, "elapsed_s": round(timing.elapsed_s, 3),
             "measured_at": time.time(), "device_name": device.name, "source": source,
             # Unmeasured load counts as busy: a figure is kept only with evidence it was quiet.
             "busy": True if busy is None else busy, "causes": causes,
             "others_cpu_cores": others, "steal_pct": sample.get("steal_pct"),
-            "load_words": load}
+            "load_words": _load_words(sample, cores)}
+
+
+def _load_words(sample: dict[str, Any], cores: int) -> str:
+    """The load a measurement ran under, every measured part: steal alone can make a
+    quiet-looking VM busy, and "0.0 of 2 cores" would then not say why."""
+    others, steal = sample.get("others_cpu_cores"), sample.get("steal_pct")
+    if others is None and steal is None:
+        return "load not measured"
+    parts = [f"other processes used {others:.1f} of {cores} cores"] if others is not None else []
+    if steal is not None:
+        parts.append(f"the hypervisor took {steal:.0f} % of the CPU time (steal)")
+    return "; ".join(parts)
 
 
 def record_check(device: DeviceInfo, compute_dtype: str, timing: "MatmulTiming",

@@ -9,7 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.schema import SWEEP_LOCAL, SWEEP_RAY, SWEEP_RUNNING
+from engine.schema import (
+    ACTIVE_STATUSES,
+    FAILED,
+    SWEEP_FAILED,
+    SWEEP_LOCAL,
+    SWEEP_RAY,
+    SWEEP_RUNNING,
+)
 from engine.store.db import new_run_id, validate_run_id
 
 
@@ -100,6 +107,20 @@ class SweepsMixin:
             conn.execute("UPDATE sweeps SET status = ?, reason = COALESCE(?, reason),"
                          " ended_at = COALESCE(?, ended_at) WHERE id = ?",
                          (status, reason, ended, sweep_id))
+
+    def fail_sweep(self, sweep_id: str, run_ids: list[str], reason: str) -> None:
+        """The sweep and every run of it not yet ended fail with `reason`, in one
+        transaction: a reader between two separate writes would see every run ended and
+        the sweep still running, and call it done."""
+        now = time.time()
+        with self.transaction(immediate=True) as conn:
+            for run_id in run_ids:
+                conn.execute(f"UPDATE runs SET status = ?, reason = ?, ended_at = ?"
+                             f" WHERE id = ? AND status IN ({','.join('?' * len(ACTIVE_STATUSES))})",
+                             (FAILED, reason, now, run_id, *ACTIVE_STATUSES))
+            conn.execute("UPDATE sweeps SET status = ?, reason = COALESCE(reason, ?),"
+                         " ended_at = COALESCE(ended_at, ?) WHERE id = ?",
+                         (SWEEP_FAILED, reason, now, sweep_id))
 
     def set_sweep_driver(self, sweep_id: str, pid: int, pid_create_time: float | None) -> None:
         with self.connect() as conn:
