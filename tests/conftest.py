@@ -38,6 +38,35 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# AppTest: Streamlit's component scan once per session, not once per AppTest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _component_manifests_scanned_once():
+    """Each new AppTest scans every installed distribution's metadata for Streamlit
+    components (about 1 s per AppTest here, with Ray and MLflow's ~170 packages, hundreds
+    of AppTests in the suite). The installed set does not change during a session, so
+    the real scan runs once and its answer is reused; pages still run in a real AppTest."""
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:  # an older or newer Streamlit without the scan: nothing to keep
+        yield
+        return
+    real_scan = manifest_scanner.scan_component_manifests
+    found: list = []
+
+    def scan_once(max_workers=None):
+        if not found:
+            found.append(real_scan(max_workers))
+        return list(found[0])
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(manifest_scanner, "scan_component_manifests", scan_once)
+    yield
+    patch.undo()
+
+
+# ---------------------------------------------------------------------------------------
 # the fast tier: every test not marked slow or browser, and such a test starts no process
 
 

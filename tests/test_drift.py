@@ -68,7 +68,12 @@ def test_a_real_check_reports_each_modes_drift_and_an_aa_copy_drifts_by_nothing(
     cfg = RunConfig(model="mlp", size="tiny", batch_size=16, device="cpu", profile=False,
                     speedup_modes="fp32,fp32,bf16-amp", speedup_budget_s=6.0,
                     speedup_target_pct=0.5)
-    result = measure_speedup(cfg, "cpu")
+    for budget_s in (6.0, 18.0):
+        result = measure_speedup(cfg.replace(speedup_budget_s=budget_s), "cpu")
+        if result["rounds"] >= MIN_TAIL_BLOCKS:
+            break
+        # A busy machine fitted fewer rounds than a drift needs: n/a, never a figure.
+        assert all(row["drift"] is None for row in result["modes"]), result["modes"]
     rows = {row["mode"]: row for row in result["modes"]}
     assert rows["fp32"]["drift"] is None  # the baseline itself
     aa = rows["fp32 (2)"]["drift"]
@@ -83,7 +88,9 @@ def test_a_real_check_reports_each_modes_drift_and_an_aa_copy_drifts_by_nothing(
     assert len(losses[result["noise_copy"]]) == result["rounds"] == len(losses["fp32"])
     assert losses["fp32"] != losses[result["noise_copy"]]  # another initialisation
     findings = explain(result)
-    assert any(f.startswith("bf16-amp: ") and "of fp32 after" in f for f in findings), findings
+    # within the noise ("of fp32 after") or beyond it ("fp32's after"), as measured
+    assert any(f.startswith("bf16-amp: ") and f"after {bf16['steps']} steps" in f
+               for f in findings), findings
     # memory by kind, from the same check: autocast keeps fp32 weights, so every mode holds
     # the same parameters, gradients and optimizer state; the rest is what the step adds
     kinds = [rows[label]["memory_by_kind"] for label in ("fp32", "fp32 (2)", "bf16-amp")]
