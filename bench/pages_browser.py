@@ -26,7 +26,8 @@ and last received a message before the page was ready (page clock): the page's s
 the last message.
 
 Beside them, in the same run and browser, Streamlit's own floor on this machine: a second
-server of a bare app (a title and a button; the same with one plotly chart of 1,000 points;
+server of a bare app (a title and a button; the same with one plotly chart of 1,000 points,
+by st.plotly_chart and as the app's pages draw it (pages/plot_view.py: the basic bundle);
 the same with 40 widgets, as many as the Launch form; the same with one table of 200 rows,
 as Runs), so each page's time reads against what any Streamlit page costs here.
 
@@ -149,6 +150,9 @@ import streamlit as st
 st.title("Floor")
 if st.query_params.get("chart"):
     st.plotly_chart(go.Figure(go.Scatter(x=list(range(1000)), y=[i % 7 for i in range(1000)])))
+if st.query_params.get("component"):  # the same chart, drawn as the app's pages draw one
+    from pages.plot_view import draw_chart
+    draw_chart(go.Figure(go.Scatter(x=list(range(1000)), y=[i % 7 for i in range(1000)])), key="c")
 if st.query_params.get("table"):  # as many rows and columns as Runs with 200 runs
     st.dataframe(pd.DataFrame({f"column {c}": [f"{r * c}" for r in range(200)] for c in range(10)}))
 left, right = st.columns(2)
@@ -170,10 +174,14 @@ def measure_floor(context, tmp: Path, repeats: int, phases: dict[str, list]) -> 
     browser and machine as the app's). Each visit's split is appended to `phases`."""
     script = tmp / "floor_app.py"
     script.write_text(FLOOR_APP)
+    # Streamlit serves static/ beside the script: the app's plotly.js bundles, for the
+    # chart drawn as the pages draw one.
+    shutil.copytree(REPO_ROOT / "static", tmp / "static", dirs_exist_ok=True)
     server = Server(tmp / "floor_home", tmp / "floor.log", script=str(script))
     go_button = idle_with('button:has-text("Go")')
     variants = {FLOOR_BARE: ("/", go_button),
                 FLOOR_CHART: ("/?chart=1", idle_with(".js-plotly-plot", 1)),
+                FLOOR_APP_CHART: ("/?component=1", idle_with(".js-plotly-plot", 1)),
                 FLOOR_WIDGETS: ("/?widgets=40", go_button),
                 FLOOR_TABLE: ("/?table=1", idle_with('[data-testid="stDataFrame"]'))}
     try:
@@ -190,7 +198,8 @@ def measure_floor(context, tmp: Path, repeats: int, phases: dict[str, list]) -> 
 
 
 FLOOR_BARE = "floor: bare Streamlit page (title + button)"
-FLOOR_CHART = "floor: bare page + one plotly chart"
+FLOOR_CHART = "floor: bare page + one plotly chart (st.plotly_chart)"
+FLOOR_APP_CHART = "floor: bare page + the same chart as the pages draw it (basic bundle)"
 FLOOR_WIDGETS = "floor: bare page + 40 widgets"
 FLOOR_TABLE = "floor: bare page + one table of 200 rows"
 

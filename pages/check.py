@@ -13,6 +13,7 @@ import streamlit as st
 
 from engine.diagnostics.check import CheckFailed, run_check_subprocess
 from engine.display import NA, memory_text
+from pages.plot_view import draw_chart
 from pages.ui import cached_devices, details, ensure_app_shell, plain
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -145,7 +146,7 @@ def show_result(result: dict) -> None:
     st.dataframe(styled(lines_frame(result)), hide_index=True, width="stretch", placeholder=NA)
     figure = achieved_vs_peak_figure(result)
     if figure is not None:
-        st.plotly_chart(theme=None, figure_or_data=figure, width="stretch")
+        draw_chart(figure, key="check_peak_bars")
         if not any(l["peak"] for l in result["lines"]):
             st.caption("No datasheet peak for this device: the bars compare the dtypes with "
                        "each other (a CPU's real peak is what it measures).")

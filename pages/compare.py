@@ -31,6 +31,7 @@ from engine.report.figures import X_STEP, X_WALL, comparison_figures
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
 from engine.display import NA
+from pages.plot_view import draw_chart
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
 from pages.ui import ensure_app_shell, get_store, plain, show_caveat, status_badge
@@ -173,9 +174,9 @@ units = dict(zip(table["run_id"], table["throughput_unit"]))
 figures = comparison_figures(frames, names, units, x_choice, smoothing, log_y,
                              steady_medians=steady_medians(table))
 col_a, col_b = st.columns(2)
-col_a.plotly_chart(theme=None, figure_or_data=figures["loss"], key="compare_chart_loss")
-col_b.plotly_chart(theme=None, figure_or_data=figures["throughput"], key="compare_chart_throughput")
-col_a.plotly_chart(theme=None, figure_or_data=figures["memory"], key="compare_chart_memory")
+draw_chart(container=col_a, figure=figures["loss"], key="compare_chart_loss")
+draw_chart(container=col_b, figure=figures["throughput"], key="compare_chart_throughput")
+draw_chart(container=col_a, figure=figures["memory"], key="compare_chart_memory")
 
 st.subheader("Summary")
 st.caption("Medians over steady-state steps (warm-up and profiler-window steps excluded). "
@@ -298,7 +299,7 @@ def numerics_section() -> None:
         (r.get("loss_scale") or 1.0) != 1.0 for r in records if r["step"] == step)
     times_scale = scaled_available and st.toggle(
         "Show gradients × loss scale (what fp16-amp's GradScaler stores)", key="numerics_scaled")
-    st.plotly_chart(theme=None, figure_or_data=histogram_figure(records, step, kind, times_scale), key="numerics_hist")
+    draw_chart(figure=histogram_figure(records, step, kind, times_scale), key="numerics_hist")
     rows = pd.DataFrame([r for r in fractions_rows(records, step) if r["kind"] == kind])
     st.dataframe(rows, key="numerics_table", hide_index=True, placeholder=NA)
     st.caption(

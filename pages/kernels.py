@@ -29,6 +29,7 @@ from engine.display import NA, ratio_text, share_text
 from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
+from pages.plot_view import draw_chart
 from pages.ui import (
     LIVE_RUN_KEY,
     details,
@@ -254,7 +255,7 @@ def category_chart(result: dict) -> None:
                            y=list(categories.keys()), orientation="h"))
     fig.update_layout(title="GPU time per kernel category (ms, summed over streams)", height=320,
                       margin=dict(l=10, r=10, t=40, b=10), yaxis=dict(autorange="reversed"))
-    st.plotly_chart(theme=None, figure_or_data=fig, key="kernel_categories")
+    draw_chart(figure=fig, key="kernel_categories")
 
 
 def gpu_report(result: dict) -> None:
@@ -459,7 +460,7 @@ def trace_set_report(result: dict) -> None:
         hovertemplate="%{x}: %{y:.2f} ms per step<extra></extra>"))
     figure.update_layout(title="Step time per rank (slowest in red)", yaxis_title="ms per step",
                          height=320, margin=dict(t=50, b=40, l=60, r=20))
-    st.plotly_chart(figure, key="rank_step_chart")
+    draw_chart(figure, key="rank_step_chart")
 
 
 if source == "Upload one job's rank traces":

@@ -49,6 +49,7 @@ from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
 from engine.store.downsample import downsample_minmax
 from pages import charts
+from pages.plot_view import draw_chart
 from pages.speedup_view import draw_speedup
 from pages.whatif_view import TITLE as WHATIF_TITLE
 from pages.whatif_view import draw_projection
@@ -291,14 +292,14 @@ def charts_block(run, frame: pd.DataFrame) -> None:
     smoothing = float(st.session_state.get("live_smoothing", 0.0))
     log_y = bool(st.session_state.get("live_log"))
     left, right = st.columns(2)
-    left.plotly_chart(theme=None, figure_or_data=charts.loss_figure(frame, smoothing=smoothing, log_y=log_y),
+    draw_chart(container=left, figure=charts.loss_figure(frame, smoothing=smoothing, log_y=log_y),
                       key="chart_loss")
-    right.plotly_chart(theme=None, figure_or_data=charts.throughput_figure(frame, rate_col, unit, smoothing=smoothing,
+    draw_chart(container=right, figure=charts.throughput_figure(frame, rate_col, unit, smoothing=smoothing,
                                                 log_y=log_y), key="chart_throughput")
     left, right = st.columns(2)
-    left.plotly_chart(theme=None, figure_or_data=charts.memory_figure(frame, is_cuda), key="chart_memory")
+    draw_chart(container=left, figure=charts.memory_figure(frame, is_cuda), key="chart_memory")
     if run.config.uses_grad_scaler:
-        right.plotly_chart(theme=None, figure_or_data=charts.loss_scale_figure(frame), key="chart_loss_scale")
+        draw_chart(container=right, figure=charts.loss_scale_figure(frame), key="chart_loss_scale")
     else:
         right.info("No loss scale: only fp16-amp uses a GradScaler"
                    + (" (disabled for this run)." if run.config.precision == "fp16-amp" else "."))
@@ -337,21 +338,21 @@ def telemetry_block(run) -> None:
                        "Throughput and MFU are lower than the hardware can do.")
     if run.device_key.startswith("cuda"):
         left, right = st.columns(2)
-        left.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(
+        draw_chart(container=left, figure=charts.telemetry_figure(
             frame, [("gpu_util_pct", "GPU util %"), ("mem_util_pct", "memory util %")],
             "GPU utilisation", "%"), key="tele_util")
-        right.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(
+        draw_chart(container=right, figure=charts.telemetry_figure(
             frame, [("power_w", "power W"), ("power_limit_w", "power limit W"),
                     ("temp_c", "temperature °C"), ("sm_clock_mhz", "SM clock MHz")],
             "Power, temperature, clocks", "value"), key="tele_power")
     else:
         left, right = st.columns(2)
-        left.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(frame, [("cpu_pct", "worker CPU %")],
+        draw_chart(container=left, figure=charts.telemetry_figure(frame, [("cpu_pct", "worker CPU %")],
                                                   "CPU utilisation (100 % = one core)", "%"),
                           key="tele_cpu")
         unit = memory_unit([frame["rss_bytes"].max()])
         rss = frame.assign(rss_in_unit=frame["rss_bytes"] / MEMORY_UNITS[unit])
-        right.plotly_chart(theme=None, figure_or_data=charts.telemetry_figure(
+        draw_chart(container=right, figure=charts.telemetry_figure(
             rss, [("rss_in_unit", f"worker RSS {unit}")], "Resident memory", unit),
             key="tele_rss")
         st.caption("No NVIDIA GPU on this run: NVML telemetry (utilisation, power, clocks, "

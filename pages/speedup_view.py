@@ -10,6 +10,7 @@ from engine.analysis.speedup import method_words
 from engine.analysis.summary_text import speedup_rows
 from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
 from engine.display import NA
+from pages.plot_view import draw_chart
 from pages.ui import plain
 
 
@@ -32,10 +33,10 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
         st.warning(plain(contention["words"]))
     elif contention.get("words"):
         st.caption(plain(contention["words"]))
-    st.plotly_chart(theme=None, figure_or_data=speedup_forest_figure(result), key=f"{key}_forest")
+    draw_chart(figure=speedup_forest_figure(result), key=f"{key}_forest")
     memory = memory_by_kind_figure(result)
     if memory is not None:
-        st.plotly_chart(theme=None, figure_or_data=memory, key=f"{key}_memory")
+        draw_chart(figure=memory, key=f"{key}_memory")
     st.dataframe(speedup_rows(result), hide_index=True, width="stretch", placeholder=NA)
     st.caption(method_words(result))
     for finding in result.get("findings") or []:

@@ -39,6 +39,7 @@ from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, 
 from engine.run.launcher import reconcile, stop
 from engine.schema import SWEEP_RUNNING
 from engine.display import NA
+from pages.plot_view import draw_chart
 from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, plain, status_badge
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
@@ -235,7 +236,7 @@ def sweep_panel(sweep_id: str, status_at_load: str, metric: str) -> None:
     st.dataframe(runs_table(view), key="sweep_runs", hide_index=True, placeholder=NA)
     matrix = results_matrix(view, metric)
     for model in view.grid.models:
-        st.plotly_chart(theme=None, figure_or_data=heatmap(model, matrix), key=f"heatmap_{model}")
+        draw_chart(figure=heatmap(model, matrix), key=f"heatmap_{model}")
     if view.status != status_at_load:
         st.rerun()  # running -> done: redraw once, without the refresh timer
 

@@ -209,7 +209,7 @@ def test_pages_browser_times_every_page_and_the_first_point():
     assert sum(launch.values()) == pytest.approx(result["page_s"]["Launch"], rel=0.5)
     assert set(result["phases"]["HTML report, 3 runs"].values()) == {None}  # no socket
     # Streamlit's own floor, measured beside the pages, and each page against it
-    assert len(result["floor"]) == 4
+    assert len(result["floor"]) == 5
     for name, figures in result["floor"].items():
         assert_finite(figures["median"], name)
     assert set(result["x_floor"]) == set(result["page_s"])

@@ -419,8 +419,14 @@ def test_compare_page_draws_every_runs_curve(server, page, store):
         finalize_run_data(store, run_id)
         store.set_status(run_id, "finished")
 
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
     goto(page, f"{server.url}/compare", "Compare runs")
     wait_for(lambda: chart_points(page, "Loss") == 20, 30, message="20 loss points per run")
+    # Line charts draw with the basic plotly.js bundle (pages/plot_view.py), never
+    # Streamlit's full one.
+    assert any(url.endswith("/app/static/plotly/plotly-basic-4.1.1.min.js") for url in requested)
+    assert not [url for url in requested if "PlotlyChart" in url], requested
     # Each chart is drawn in turn: a loaded machine can show Loss before Throughput.
     for title in ("Loss", "Throughput"):
         wait_for(lambda: _drawn_line_vertices(page, title) == 20, 30,

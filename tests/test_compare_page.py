@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from engine.analysis.summary_text import MAIN_COLUMNS, summary_strings
 from engine.schema import NUMERICS_FILENAME
 from engine.store import Store
 from engine.training.numerics import NumericsProbe
+from tests.chart_support import chart_specs
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -50,7 +50,7 @@ def _values(data) -> list:
 
 
 def _charts(at: AppTest) -> dict[str, dict]:
-    specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    specs = chart_specs(at)
     return {spec["layout"]["title"]["text"].split(" (")[0].split(":")[0]: spec for spec in specs}
 
 
@@ -142,7 +142,7 @@ def test_numerics_view_for_a_run_with_numerics(lab):
 
     at = _compare_page(preset_ids=ids)
     assert at.selectbox(key="numerics_run").value == ids[1]
-    hist = json.loads(at.get("plotly_chart")[-1].proto.spec)
+    hist = chart_specs(at)[-1]
     assert "step 1" in hist["layout"]["title"]["text"]
     assert [t["name"] for t in hist["data"]] == ["net.0", "net.2", "net.4"]
     table = at.dataframe[-1].value

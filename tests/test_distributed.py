@@ -38,6 +38,7 @@ from engine.run.ranks import (
 from engine.run.torchrun import RankExit, failure_reason, torchrun_args
 from engine.schema import FAILED, FINAL_STATUSES, FINISHED, RUNNING, STOPPED
 from engine.store import Store
+from tests.chart_support import charts_by_title
 
 TWO = RunConfig(model="mlp", size="tiny", batch_size=8, steps=10, warmup_steps=2,
                 profile=False, device="cpu", nprocs=2)
@@ -589,9 +590,7 @@ def test_live_telemetry_draws_one_line_per_rank(home, store):
     at.switch_page("pages/live.py").run()
     assert not at.exception, at.exception
     specs = {}
-    for chart in at.get("plotly_chart"):
-        spec = json.loads(chart.proto.spec)
-        specs[spec["layout"]["title"]["text"]] = spec
+    specs.update(charts_by_title(at))
     cpu = specs["CPU utilisation (100 % = one core)"]
     assert [trace["name"] for trace in cpu["data"]] == ["rank 0 worker CPU %",
                                                        "rank 1 worker CPU %"]

@@ -12,6 +12,7 @@ from engine.config import RunConfig
 from engine.run.window import analyze_window
 from engine.schema import TRACE_FILENAME
 from engine.store import Store
+from tests.chart_support import chart_specs
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
@@ -62,7 +63,7 @@ def test_h100_run_shows_tensor_core_verdict_with_kernel_evidence(store):
     assert "tensorop_bf16_s16816gemm" in evidence
     top = at.dataframe[0].value
     assert top.iloc[0]["tensor_core"] == "yes"
-    assert len(at.get("plotly_chart")) == 1
+    assert len(chart_specs(at)) == 1
     # The stored kernel table matches the analysis the page shows.
     stored = store.read_kernels(run_id)
     assert stored["total_us"].sum() == pytest.approx(307.197, abs=0.01)

@@ -18,6 +18,7 @@ from engine.config import RunConfig
 from engine.display import throughput_text
 from engine.schema import FINISHED, RUNNING, SWEEP_DONE, SWEEP_LOCAL
 from engine.store import Store
+from tests.chart_support import chart_specs, charts_by_title
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 pytestmark = pytest.mark.slow
@@ -155,14 +156,12 @@ def test_live_smoothing_log_scale_downloads_and_relaunch(lab):
     at.run()
     at.session_state["live_run_id"] = alpha
     at.switch_page("pages/live.py").run()
-    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
-              for c in at.get("plotly_chart")}
+    charts = charts_by_title(at)
     assert len(charts["Loss"]["data"]) == 1
     at.slider(key="live_smoothing").set_value(0.5)
     at.toggle(key="live_log").set_value(True).run()
     assert not at.exception, at.exception
-    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
-              for c in at.get("plotly_chart")}
+    charts = charts_by_title(at)
     loss = charts["Loss"]
     assert [t["name"] for t in loss["data"]] == ["loss (raw)", "loss (EMA 0.5)"]
     assert loss["layout"]["yaxis"]["type"] == "log"
@@ -216,7 +215,7 @@ def test_sweep_url_free_batch_sizes_and_absolute_values_in_cells(home):
     at.text_input(key="sw_batch_sizes").set_value("8, 4.5").run()
     assert any("Batch sizes" in e.value and "whole number" in e.value for e in at.error)
     assert at.button(key="sw_create").disabled
-    heatmap = json.loads(at.get("plotly_chart")[0].proto.spec)
+    heatmap = chart_specs(at)[0]
     cells = [text for row in heatmap["data"][0]["text"] for text in row]
     # "0.79x n.s.<br>..." or "1.12x [1.05-1.19]<br>...": the ratio, what it may claim, the figure
     assert all(re.search(r"\dx( (n\.s\.|busy|\[[\d.]+-[\d.]+\]))?<br>", text)

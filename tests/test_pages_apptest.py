@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from engine.config import RunConfig
 from engine.run.launcher import stop
 from engine.schema import FINAL_STATUSES
 from engine.store import Store
+from tests.chart_support import charts_by_title
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGES = ["pages/launch.py", "pages/live.py", "pages/runs.py"]
@@ -34,9 +34,7 @@ def _app() -> AppTest:
 
 def _chart_specs(at: AppTest) -> dict[str, dict]:
     specs = {}
-    for chart in at.get("plotly_chart"):
-        spec = json.loads(chart.proto.spec)
-        specs[spec["layout"]["title"]["text"]] = spec
+    specs.update(charts_by_title(at))
     return specs
 
 

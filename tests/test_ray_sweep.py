@@ -8,7 +8,6 @@ requirements-ray.txt), so in CI these tests run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -42,6 +41,7 @@ from engine.proc import is_alive
 from engine.run.launcher import stop  # noqa: E402
 from engine.schema import FINISHED, RUNNING, STOPPED, SWEEP_DONE, SWEEP_FAILED, SWEEP_RAY
 from engine.store import Store
+from tests.chart_support import charts_by_title
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -335,9 +335,7 @@ def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep
     assert list(table["precision"]) == ["fp32", "bf16-amp"]
     assert all(re.fullmatch(r"cpu@[0-9.]+", key) for key in table["device"])
     specs = {}
-    for chart in at.get("plotly_chart"):
-        spec = json.loads(chart.proto.spec)
-        specs[spec["layout"]["title"]["text"]] = spec
+    specs.update(charts_by_title(at))
     heat = specs["mlp: throughput vs the baseline precision (x), baseline fp32"]["data"][0]
     assert heat["type"] == "heatmap" and heat["z"][0][0] == pytest.approx(0.0)  # log2(1x): the baseline
 

@@ -19,6 +19,7 @@ from engine.report.html import build_html
 from engine.schema import FINAL_STATUSES
 from engine.display import ratio_text
 from engine.store import Store
+from tests.chart_support import chart_specs
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ def test_a_speedup_check_launched_from_the_page_shows_on_live_compare_and_the_re
     at.run()
     at.switch_page("pages/live.py").run()
     assert not at.exception, at.exception
-    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    titles = [spec["layout"]["title"]["text"] for spec in chart_specs(at)]
     assert any(t.startswith("Speedup vs fp32 (95 % interval)") for t in titles), titles
     table = at.dataframe[0].value
     shown = table.set_index("mode").loc["bf16-amp"]

@@ -50,6 +50,7 @@ from engine.schema import (
     SWEEP_RAY,
 )
 from engine.store import DB_FILENAME, Store
+from tests.chart_support import charts_by_title
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -641,8 +642,6 @@ def _sweep_page() -> AppTest:
 
 def _heatmaps(at: AppTest) -> dict[str, dict]:
     specs = {}
-    for chart in at.get("plotly_chart"):
-        spec = json.loads(chart.proto.spec)
-        specs[spec["layout"]["title"]["text"]] = spec
+    specs.update(charts_by_title(at))
     return specs
 

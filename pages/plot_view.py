@@ -1,0 +1,138 @@
+"""Every chart a page draws: a plotly figure drawn by a partial plotly.js bundle.
+
+Why not `st.plotly_chart`: Streamlit's chart element loads the full plotly.js (4.7 MB of
+JavaScript) the first time a tab draws a chart, and compiling it is most of every chart
+page's time on a small machine (measured in Chromium on a 2-core machine: 0.95-1.1 s to
+first draw with the full bundle, 0.25-0.3 s with the basic bundle (scatter, bar), 0.45-0.5 s
+with the cartesian one (heatmap too); docs/architecture.md, charts). So a page's figure goes
+to a small custom component instead, which loads the smallest bundle that has the figure's
+trace types from `static/plotly/` (Streamlit's static file serving) once per tab and draws
+it with `Plotly.react`, so a refresh (Live, every second) updates the chart in place.
+
+The bundles are plotly.js's own distributions, the version plotly.py ships
+(static/plotly/README.md). Where the component cannot run (static serving switched off
+in the server's config, a Streamlit without components v2) the figure goes to
+`st.plotly_chart`: the same figure, slower to first draw.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import plotly.io as pio
+import streamlit as st
+
+from engine.report.figures import PLOTLY_CONFIG
+
+PLOTLY_JS_VERSION = "4.1.1"
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static" / "plotly"
+# The bundle for a figure: the first whose trace types cover all of the figure's.
+BUNDLES = (
+    ("basic", frozenset({"scatter", "bar", "pie"})),
+    ("cartesian", frozenset({"scatter", "bar", "pie", "box", "heatmap", "histogram",
+                             "histogram2d", "histogram2dcontour", "contour", "violin",
+                             "image"})),
+)
+DEFAULT_HEIGHT_PX = 450  # plotly's own default, used when a figure sets none
+
+COMPONENT_NAME = "precision_lab_plotly"
+_HTML = '<div class="precision-lab-chart" style="width:100%"></div>'
+
+# One promise per bundle and tab: the bundle is fetched and compiled once, then every
+# chart of every page the tab visits draws with it. It is evaluated with a `module` of its
+# own (the bundle is UMD) rather than as a global script, so two bundles in one tab do not
+# overwrite each other's `window.Plotly`. Fetched as text, so the content type the static
+# file server gives a .js file does not matter.
+_JS = r"""
+function loadPlotly(url) {
+  const cache = (window.__precisionLabPlotly = window.__precisionLabPlotly || {});
+  if (!cache[url]) {
+    cache[url] = fetch(url)
+      .then((response) => {
+        if (!response.ok) throw new Error(url + " answered HTTP " + response.status);
+        return response.text();
+      })
+      .then((source) => {
+        const module = { exports: {} };
+        new Function("module", "exports", source)(module, module.exports);
+        return module.exports;
+      });
+    cache[url].catch(() => delete cache[url]);
+  }
+  return cache[url];
+}
+
+export default function ({ parentElement, data }) {
+  const root = parentElement.querySelector(".precision-lab-chart");
+  const figure = JSON.parse(data.figure);
+  root.style.height = data.height_px + "px";
+  let current = true;
+  loadPlotly(data.bundle_url)
+    .then((Plotly) => {
+      if (!current) return;
+      if (!root.classList.contains("js-plotly-plot")) root.textContent = "";
+      return Plotly.react(root, figure.data || [], figure.layout || {}, data.config);
+    })
+    .catch((error) => {
+      if (current) root.textContent = "The chart could not be drawn: " + error.message;
+    });
+  return () => {
+    current = false;
+    // Called when the element leaves the page; free plotly's listeners then, not on a
+    // refresh of the same chart.
+    setTimeout(() => {
+      if (!root.isConnected && window.__precisionLabPlotly) {
+        loadPlotly(data.bundle_url).then((Plotly) => Plotly.purge(root)).catch(() => {});
+      }
+    }, 0);
+  };
+}
+"""
+
+
+def _component():
+    """The registered component, or None where this Streamlit cannot mount one."""
+    v2 = getattr(st.components, "v2", None)
+    if v2 is None:
+        return None
+    return v2.component(COMPONENT_NAME, html=_HTML, js=_JS, isolate_styles=False)
+
+
+_CHART_COMPONENT = _component()
+
+
+def bundle_for(figure) -> str:
+    """The smallest bundle that draws every trace type in `figure`."""
+    types = {trace.type for trace in figure.data}
+    for name, covers in BUNDLES:
+        if types <= covers:
+            return name
+    raise ValueError(f"no plotly.js bundle in {STATIC_DIR} draws trace types "
+                     f"{sorted(types - BUNDLES[-1][1])}; add one to pages/plot_view.BUNDLES")
+
+
+def bundle_url(name: str) -> str:
+    """Where the browser fetches a bundle: Streamlit's static route under the server's
+    base path."""
+    base = (st.get_option("server.baseUrlPath") or "").strip("/")
+    prefix = f"/{base}" if base else ""
+    return f"{prefix}/app/static/plotly/plotly-{name}-{PLOTLY_JS_VERSION}.min.js"
+
+
+def component_ready() -> bool:
+    """True where the component can draw: components v2 and static serving on."""
+    return _CHART_COMPONENT is not None and bool(st.get_option("server.enableStaticServing"))
+
+
+def draw_chart(figure, key: str, container=None) -> None:
+    """Draw `figure` (a plotly Figure, drawn as built: theme=None) in `container` (a column
+    or other Streamlit container; the page itself when None)."""
+    if not component_ready():
+        (container or st).plotly_chart(figure, theme=None, key=key, config=PLOTLY_CONFIG)
+        return
+    height_px = figure.layout.height or DEFAULT_HEIGHT_PX
+    data = {"figure": pio.to_json(figure, validate=False), "config": PLOTLY_CONFIG,
+            "bundle_url": bundle_url(bundle_for(figure)), "height_px": height_px}
+    with container if container is not None else nullcontext():
+        _CHART_COMPONENT(data=data, key=key)
