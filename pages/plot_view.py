@@ -5,9 +5,10 @@ JavaScript) the first time a tab draws a chart, and compiling it is most of ever
 page's time on a small machine (measured in Chromium on a 2-core machine: 0.95-1.1 s to
 first draw with the full bundle, 0.25-0.3 s with the basic bundle (scatter, bar), 0.45-0.5 s
 with the cartesian one (heatmap too); docs/architecture.md, "Where a chart is drawn").
-So a page's figure goes to a small custom component instead, which loads the smallest bundle that has the figure's
-trace types from `static/plotly/` (Streamlit's static file serving) once per tab and draws
-it with `Plotly.react`, so a refresh (Live, every second) updates the chart in place.
+So a page's figure goes to a small custom component instead, which loads the smallest
+bundle that has the figure's trace types from `static/plotly/` (Streamlit's static file
+serving) once per tab and draws it with `Plotly.react`, so a refresh (Live, every second)
+updates the chart in place.
 
 The bundles are plotly.js's own distributions, the version plotly.py ships
 (static/plotly/README.md). Where the component cannot run (static serving switched off
