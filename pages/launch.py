@@ -37,6 +37,7 @@ from pages.ui import (
     RELAUNCHED_KEY,
     NumberInputs,
     cached_devices,
+    details,
     ensure_app_shell,
     get_store,
     open_in_live,
@@ -427,6 +428,8 @@ with aa_col:
                       "it should find no difference. Checks the method on this machine."):
         _launch_check([aa_baseline, aa_baseline])
 
-with st.expander(f"Precision modes on {device.name}"):
-    st.table([{"mode": m, "status": s.status, "why": s.reason}
-              for m, s in support.items()])
+# Built only while open: a table is Streamlit's first use of pandas, and importing it is
+# 0.4 s of a new server's first page (Launch, usually) on a 2-core machine.
+details(f"Precision modes on {plain(device.name)}", "launch_mode_table",
+        lambda: st.table([{"mode": m, "status": s.status, "why": s.reason}
+                          for m, s in support.items()]))

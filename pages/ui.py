@@ -11,17 +11,10 @@ import re
 import time
 from typing import Callable
 
-import plotly.io as pio
 import streamlit as st
 
 from engine.config import OPEN_LOW_BOUNDS, bounds
-from engine.report.figures import PLOT_TEMPLATE
 from engine.store import Store, StoreError
-
-# Importing Streamlit made its own template plotly's default: every figure a page builds
-# uses the product's one template instead (and is drawn with theme=None), so the browser
-# shows exactly the figure the layout tests and the HTML report have.
-pio.templates.default = PLOT_TEMPLATE
 
 # Status as a word with a colour (Streamlit's Markdown colours), never a glyph: an emoji is
 # an empty box on a machine without an emoji font. Tables and select boxes show the word.

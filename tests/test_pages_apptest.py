@@ -207,3 +207,34 @@ def test_fp8_is_refused_on_cpu_with_the_reason_and_the_size_advice(lab_home):
     # The device's verdict first; the GEMM-size advice only as a note for a GPU, after it.
     assert not any("fp8 may not pay here" in w.value for w in at.warning)
     assert any("On an fp8-capable GPU, fp8 may not pay here" in c.value for c in at.caption)
+
+
+# Run in a process of its own: the test session has long imported pandas and plotly's
+# graph objects, and the question is what a new server's first page imports.
+_FIRST_PAGE_IMPORTS = """
+import sys
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file(sys.argv[1], default_timeout=60)
+at.run()
+assert not at.exception, at.exception
+assert any(button.label == "Launch run" for button in at.button)
+print(" ".join(name for name in ("pandas", "pyarrow", "engine.report.figures")
+               if name in sys.modules) or "none")
+"""
+
+
+@pytest.mark.slow
+def test_first_page_imports_no_pandas(tmp_path):
+    """Launch, a new server's usual first page, draws without importing pandas (and with it
+    pyarrow) or the chart module: on a 2-core machine those imports were 0.5-0.9 s of the
+    first page's script run (bench.pages_browser). Its mode table is built only when opened."""
+    import subprocess
+    import sys
+
+    from bench._common import subprocess_env
+
+    done = subprocess.run([sys.executable, "-c", _FIRST_PAGE_IMPORTS, APP],
+                          env=subprocess_env(tmp_path / "lab"), capture_output=True,
+                          text=True, timeout=120, cwd=str(Path(APP).parent))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["none"], done.stdout
