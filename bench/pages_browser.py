@@ -1,14 +1,15 @@
 """Navigation -> the page's main element drawn and idle, for every page, in a real browser.
 
-    python -m bench.pages_browser [--repeats 3] [--quick] [--json]
+    python -m bench.pages_browser [--repeats 3] [--quick] [--incognito] [--json]
 
 bench.ui times the server-side script run (< 300 ms); a person waits for more: the
 script's start, its imports, the websocket messages, plotly's payload and drawing. This
 benchmark times what a person sees: a `streamlit run app.py` server on a private data
 directory (bench/_dataset.py's finished runs, copied, plus one run with a real V100
 profiler trace and one run training now), Chromium (Playwright, /usr/bin/chromium, never a
-downloaded browser) opening each page in a new tab (a new session, as a shared link
-does), and the clock stopped when the page's main element is drawn and the script is
+downloaded browser; a new, empty profile, which keeps compiled JavaScript between tabs as
+a person's browser does; `--incognito`: none) opening each page in a new tab (a new
+session, as a shared link does), and the clock stopped when the page's main element is drawn and the script is
 idle (`data-test-script-state="notRunning"`; Live of a running run refreshes every
 second, so there only the drawn chart counts).
 
@@ -44,6 +45,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -95,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "sidebar)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 1 visit per page, 3 launches, 40 runs in the store")
+    parser.add_argument("--incognito", action="store_true",
+                        help="browse without a profile: every tab compiles Streamlit's and "
+                             "plotly's JavaScript anew (the method before 2026-12-04)")
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     parser.add_argument("--server-log", metavar="PATH",
                         help="keep the app server's log here (it is deleted with the store)")
@@ -171,8 +176,8 @@ st.button("Go")
 """
 
 
-def measure_floor(chromium, context, tmp: Path, repeats: int,
-                  phases: dict[str, list]) -> dict[str, list[float]]:
+def measure_floor(chromium, context, tmp: Path, repeats: int, phases: dict[str, list],
+                  incognito: bool) -> dict[str, list[float]]:
     """Navigation -> drawn and idle for a bare Streamlit page, and the same with a plotly
     chart, 40 widgets or a 200-row table, from a server of its own (the same Streamlit,
     browser and machine as the app's). Each visit's split is appended to `phases`.
@@ -195,14 +200,9 @@ def measure_floor(chromium, context, tmp: Path, repeats: int,
     try:
         server.wait_healthy()
         phases[FLOOR_COLD] = []
-        fresh = chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            fresh_context = fresh.new_context(viewport=VIEWPORT)
-            fresh_context.add_init_script(_SOCKET_CLOCK_JS)
-            times = {FLOOR_COLD: [visit(fresh_context, f"{server.url}/", go_button,
+        with open_browser(chromium, tmp / "floor_profile", incognito) as fresh:
+            times = {FLOOR_COLD: [visit(fresh, f"{server.url}/", go_button,
                                         phases[FLOOR_COLD])]}
-        finally:
-            fresh.close()
         for name, (path, ready) in variants.items():
             phases[name] = []
             times[name] = [visit(context, server.url + path, ready, phases[name])
@@ -240,6 +240,32 @@ _SOCKET_CLOCK_JS = """(() => {
   };
 })();"""
 _SOCKET_READ_JS = "() => ({...(window.__benchSocket || {}), now: performance.now()})"
+
+
+@contextmanager
+def open_browser(chromium, profile_dir: Path, incognito: bool):
+    """A new Chromium, as a browser context with the socket clock in every tab; closed on
+    leaving.
+
+    By default with a profile of its own (an empty directory), as a person's browser has:
+    Chromium then keeps the JavaScript it compiled (Streamlit's, plotly.js) for the next
+    tab, as a person's browser does for the next visit. With `incognito`, a context
+    without one, which compiles every script anew in every tab (this benchmark's method
+    until 2026-12-04: use it to compare with figures measured then)."""
+    browser = None
+    if incognito:
+        browser = chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport=VIEWPORT)
+    else:
+        context = chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport=VIEWPORT)
+    try:
+        context.add_init_script(_SOCKET_CLOCK_JS)
+        yield context
+    finally:
+        context.close()
+        if browser is not None:
+            browser.close()
 
 
 def visit(context, url: str, ready: Callable[[Any], None], phases: list | None = None) -> float:
@@ -339,10 +365,8 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         server_started = time.perf_counter()
         server.wait_healthy()
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context(viewport=VIEWPORT)
-                context.add_init_script(_SOCKET_CLOCK_JS)
+            with open_browser(playwright.chromium, home.parent / "profile",
+                              args.incognito) as context:
                 phases[COLD_LAUNCH] = []
                 cold_s = visit(context, f"{server.url}/",
                                idle_with('button:has-text("Launch run")'), phases[COLD_LAUNCH])
@@ -364,9 +388,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                                                via_sidebar=number % 2 == 1))
                     settle(store)
                 floor = measure_floor(playwright.chromium, context, home.parent,
-                                      args.repeats, phases)
-            finally:
-                browser.close()
+                                      args.repeats, phases, args.incognito)
     finally:
         server.stop()
         stop_runs(store)
@@ -466,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                    "phases": summary["phases"],
                    "launches": measured["launches"], "dataset": measured["dataset"],
                    "config": {"viewport": VIEWPORT, "repeats": args.repeats,
+                              "incognito": args.incognito,
                               "store_runs": measured["store_runs"]},
                    "repeats": args.repeats, "elapsed_s": elapsed_s, "machine": machine})
     return 0

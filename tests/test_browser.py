@@ -427,6 +427,10 @@ def test_compare_page_draws_every_runs_curve(server, page, store):
     # Streamlit's full one.
     assert any(url.endswith("/app/static/plotly/plotly-basic-4.1.1.min.js") for url in requested)
     assert not [url for url in requested if "PlotlyChart" in url], requested
+    # loaded as a script (compiled code kept between tabs), and no global Plotly left
+    assert page.evaluate("window.__precisionLabPlotlyLoadedBy") == {
+        "/app/static/plotly/plotly-basic-4.1.1.min.js": "script"}
+    assert page.evaluate("typeof window.Plotly") == "undefined"
     # Each chart is drawn in turn: a loaded machine can show Loss before Throughput.
     for title in ("Loss", "Throughput"):
         wait_for(lambda: _drawn_line_vertices(page, title) == 20, 30,
@@ -436,6 +440,28 @@ def test_compare_page_draws_every_runs_curve(server, page, store):
 
 
 @pytest.mark.timeout(120)
+def test_sweep_heatmap_draws_with_the_cartesian_bundle_beside_the_basic_one(server, page,
+                                                                              store):
+    """Both plotly.js bundles in one tab: a line chart (basic), then the Sweep page's
+    heatmap (cartesian) reached from the sidebar; each loads once as a script, and neither
+    leaves a global Plotly behind for the other to find."""
+    from tests.test_sweep import _claims_sweep
+
+    _claims_sweep(store)  # hand-written summaries: mlp x 4 precisions x 2 batch sizes
+    goto(page, f"{server.url}/compare", "Compare runs")
+    page.get_by_role("link", name="Sweep", exact=True).click()
+    page.get_by_role("heading", name="Sweeps", exact=True).first.wait_for()
+    wait_for(lambda: page.locator(".js-plotly-plot .heatmaplayer image").count() >= 1, 30,
+             message="the sweep heatmap drawn")
+    wait_app_idle(page, 30)
+    loaded_by = page.evaluate("window.__precisionLabPlotlyLoadedBy")
+    assert loaded_by == {"/app/static/plotly/plotly-basic-4.1.1.min.js": "script",
+                         "/app/static/plotly/plotly-cartesian-4.1.1.min.js": "script"}, loaded_by
+    assert page.evaluate("typeof window.Plotly") == "undefined"
+    assert "throughput" in " ".join(chart_titles(page)).lower(), chart_titles(page)
+    assert_page_healthy(page, "/sweep")
+
+
 def test_launch_refuses_an_out_of_range_batch_size_on_screen(server, page, store):
     """Batch size 0 is named with the allowed range and Launch is disabled: before, the
     browser kept the last valid value (16) and Launch started a run with it."""
