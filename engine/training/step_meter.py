@@ -173,8 +173,14 @@ def memory_snapshot(device: torch.device) -> dict[str, int | None]:
             "rss_bytes": _rss_bytes(),
         }
     rss = _rss_bytes()
+    peak = _peak_rss_bytes()
+    # The two come from different kernel counters (getrusage's high-water mark, statm's
+    # page count) and the peak can read a few hundred KiB under the resident set just read:
+    # a peak is never below the present, so the larger of the two is the peak so far.
+    if peak is not None and rss is not None:
+        peak = max(peak, rss)
     return {"mem_allocated_bytes": None, "mem_reserved_bytes": None,
-            "mem_peak_bytes": _peak_rss_bytes(), "rss_bytes": rss}
+            "mem_peak_bytes": peak, "rss_bytes": rss}
 
 
 def _rss_bytes() -> int | None:
