@@ -9,9 +9,9 @@ directory (bench/_dataset.py's finished runs, copied, plus one run with a real V
 profiler trace and one run training now), Chromium (Playwright, /usr/bin/chromium, never a
 downloaded browser; a new, empty profile, which keeps compiled JavaScript between tabs as
 a person's browser does; `--incognito`: none) opening each page in a new tab (a new
-session, as a shared link does), and the clock stopped when the page's main element is drawn and the script is
-idle (`data-test-script-state="notRunning"`; Live of a running run refreshes every
-second, so there only the drawn chart counts).
+session, as a shared link does), and the clock stopped when the page's main element is
+drawn and the script is idle (`data-test-script-state="notRunning"`; Live of a running
+run refreshes every second, so there only the drawn chart counts).
 
 Pages: Launch (the server's first page: its cold start is reported on its own), Live
 running, Live finished, Runs (200 runs), Compare with 3 and with 20 runs, Kernels with a
