@@ -113,9 +113,12 @@ def verdict_banner(result: dict) -> None:
         text += "\n\nTry:\n" + "\n".join(f"- {plain(advice)}" for advice in banner["advice"])
     _SHOW.get(banner.get("tone"), st.info)(text)
     evidence = [str(name) for name in verdict.get("evidence") or []][:5]
-    if evidence:  # kernel names from the trace: shown as text
+    if evidence:  # kernel names from the trace: shown as text, never as Markdown
         st.caption("Evidence kernels (template arguments elided):")
-        st.code("\n".join(short_kernel_name(name) for name in evidence), language=None)
+        # st.text, not st.code: a code block loads Streamlit's 1.5 MB syntax highlighter,
+        # 0.2 s of a 2-core machine's browser before the page was ready (a Chromium CPU
+        # profile of Kernels); the full names below stay a code block, drawn when opened.
+        st.text("\n".join(short_kernel_name(name) for name in evidence))
         details("Full kernel names", "kernels_full_names",
                 lambda: st.code("\n\n".join(evidence), language=None))
 

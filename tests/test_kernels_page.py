@@ -58,8 +58,8 @@ def test_h100_run_shows_tensor_core_verdict_with_kernel_evidence(store):
     at = _kernels_page(run_id)
     banner = at.success[0].value
     assert "Tensor Cores: yes" in banner and "bf16" in banner
-    # Kernel names come from the trace: shown as text (a code block), never as Markdown.
-    evidence = " ".join([md.value for md in at.markdown] + [code.value for code in at.code])
+    # Kernel names come from the trace: shown as text, never as Markdown.
+    evidence = " ".join(text.value for text in at.text)
     assert "tensorop_bf16_s16816gemm" in evidence
     top = at.dataframe[0].value
     assert top.iloc[0]["tensor_core"] == "yes"
@@ -80,7 +80,8 @@ def test_closed_details_are_not_drawn_until_opened(store):
     assert "Per CPU op" in labels and "Full kernel names" in labels
     # closed: the expanders are there, their tables and code are not
     assert len(closed.dataframe) < len(opened.dataframe)
-    assert len(closed.code) == 1 and len(opened.code) == 2  # the evidence list, + full names
+    assert len(closed.text) == 1 and len(opened.text) == 1  # the evidence list
+    assert not closed.code and len(opened.code) == 1  # the full names: drawn when opened
     per_op = lambda at: [df.value for df in at.dataframe if "cpu_op" in df.value.columns]
     assert not per_op(closed) and per_op(opened)
 
@@ -166,7 +167,7 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
         assert any(sentence == caption.value for caption in at.caption), sentence
         assert sentence in report
     # evidence: short names in the list, the full (template) names on the expander
-    short, full = at.code[0].value, at.code[1].value
+    short, full = at.text[0].value, at.code[0].value
     assert short and "(" not in short  # no argument lists in the list
     for line in short.splitlines():
         assert line.split("<")[0] in full

@@ -89,4 +89,5 @@ def test_kernels_page_shows_hostile_kernel_and_device_names_as_text(home):
     assert f"Why B ({plain(names[1])}) against A ({plain(names[0])})" in texts
     assert not any(name in text for name in names for text in texts)  # always escaped
     _assert_literal(texts)
-    assert any(HOSTILE in code.value for code in at.code)  # the evidence, as a code block
+    assert any(HOSTILE in code.value for code in at.code)  # the full names, as a code block
+    assert any("![x](http://attacker.example" in text.value for text in at.text)  # as text
