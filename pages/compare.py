@@ -34,7 +34,7 @@ from engine.display import NA
 from pages.plot_view import draw_chart
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
-from pages.ui import ensure_app_shell, get_store, plain, show_caveat, status_badge
+from pages.ui import details, ensure_app_shell, get_store, plain, show_caveat, status_badge
 from pages.whatif_view import TITLE as WHATIF_TITLE
 from pages.whatif_view import draw_projection
 
@@ -188,8 +188,9 @@ st.caption("Medians over steady-state steps (warm-up and profiler-window steps e
 # in the expander. The same strings as the report's (engine.analysis.summary_text).
 st.dataframe(summary_strings(table, MAIN_COLUMNS), key="compare_summary", hide_index=True,
              placeholder=NA)
-with st.expander("Every summary column"):
-    st.dataframe(summary_strings(table), key="compare_summary_all", hide_index=True, placeholder=NA)
+details("Every summary column", "compare_every_column",
+        lambda: st.dataframe(summary_strings(table), key="compare_summary_all",
+                             hide_index=True, placeholder=NA))
 
 st.subheader("Findings")
 statements = findings(table, {r.id: r for r in runs}, run_dir=store.run_dir)

@@ -32,8 +32,10 @@ def lab(home):
     return store, ids
 
 
-def _compare_page(preset_ids=None) -> AppTest:
+def _compare_page(preset_ids=None, every_column: bool = True) -> AppTest:
+    """The Compare page, with its "Every summary column" details opened unless told."""
     at = AppTest.from_file(APP, default_timeout=90)
+    at.session_state["compare_every_column"] = every_column
     at.run()
     if preset_ids is not None:
         at.session_state["preset_run_ids"] = preset_ids
@@ -52,6 +54,18 @@ def _values(data) -> list:
 def _charts(at: AppTest) -> dict[str, dict]:
     specs = chart_specs(at)
     return {spec["layout"]["title"]["text"].split(" (")[0].split(":")[0]: spec for spec in specs}
+
+
+@pytest.mark.slow
+def test_every_summary_column_is_sent_only_when_opened(lab):
+    """pages/ui.details: closed, the wide table is neither built nor drawn (each table
+    costs the browser before the page is ready); the main one is there."""
+    store, ids = lab
+    at = _compare_page(preset_ids=ids, every_column=False)
+    assert "Every summary column" in [expander.label for expander in at.expander]
+    columns = [list(frame.value.columns) for frame in at.dataframe]
+    assert columns[0][:3] == ["run", "throughput x", "95 % interval"]
+    assert not any("run id" in names for names in columns)  # the full table's first column
 
 
 @pytest.mark.slow
