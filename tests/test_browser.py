@@ -227,7 +227,10 @@ def test_launch_from_the_form_watch_the_loss_chart_grow_then_stop(server, page, 
     assert not worker_processes(run_id), "a worker outlived the Stop button"
     # The ended run: no Stop button, no refresh timer, the curve kept.
     page.get_by_role("button", name="Stop run").wait_for(state="detached", timeout=10_000)
-    assert chart_points(page, "Loss") >= later
+    # The ended run's page draws its charts anew: one out of view is drawn when scrolled
+    # to or a second later (pages/plot_view.py).
+    wait_for(lambda: chart_points(page, "Loss") >= later, 10,
+             message=lambda: f"the loss curve kept ({chart_points(page, 'Loss')} points)")
     assert_page_healthy(page, "Live after stop")
 
 

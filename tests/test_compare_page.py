@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from _real_runs import record_run, speed_word, tiny_config
