@@ -62,8 +62,9 @@ def test_cpu_fp32_vs_bf16_parts_add_up_to_the_measured_steps(cpu_runs):
         parts_sum = sum(row[f"{side}_us"] for row in diff["parts"])
         assert parts_sum == pytest.approx(measured, rel=0.02), side
         assert diff[f"step_time_{side}_us"] == pytest.approx(measured, rel=0.02), side
+    # the ratio is kept to 3 decimals: within half a unit of the last one, whatever its size
     assert diff["step_speedup"] == pytest.approx(diff["step_time_a_us"] / diff["step_time_b_us"],
-                                                 rel=1e-3)
+                                                 abs=5e-4)
     assert diff["sentence"].endswith(f"-> step {_words(diff['step_speedup'])}")
     assert "of the fp32 step" in diff["sentence"]
     # autocast casts exist only in the bf16 run
