@@ -131,6 +131,21 @@ def test_merge_summary_merges_and_makes_json_safe(store):
                                              "c": "inf", "d": "-inf", "e": 7}
 
 
+def test_a_listing_parses_summaries_only_when_read_and_each_config_once(store):
+    """A run picker lists 200 runs and reads none of their summaries: they are parsed on
+    first read; a stored config (immutable) is parsed once per process."""
+    first, second = make_runs(store, 2)
+    store.merge_summary(first, {"final_loss": 1.25, "steps_completed": 10})
+    listed = {run.id: run for run in store.list_runs()}
+    assert "summary" not in vars(listed[first])  # not parsed yet
+    assert listed[first].summary == {"final_loss": 1.25, "steps_completed": 10}
+    assert listed[second].summary == {}
+    assert "summary" in vars(listed[first])  # parsed once, then kept on the record
+    again = {run.id: run for run in store.list_runs()}
+    assert again[first].config is listed[first].config == CFG
+    assert again[first].summary == listed[first].summary
+
+
 # ---------------------------------------------------------------------------------------
 # device queue
 
