@@ -1,6 +1,6 @@
 """Click Launch -> first point visible on the Live page, in a real browser.
 
-    python -m bench.first_point_browser [--launches 3] [--quick] [--json]
+    python -m bench.first_point_browser [--servers 1] [--launches 3] [--quick] [--json]
 
 bench/first_point.py times launch -> first metric row in the store; this one times what
 a person sees: a `streamlit run app.py` server on a private data directory, Chromium
@@ -9,12 +9,17 @@ defaults (gpt-tiny on this machine's default device), a click on "Launch run", t
 Live page's Loss chart polled in the page (every 20 ms) until plotly has drawn a point
 of the trace (a marker or a line vertex in the SVG trace layer). Beside it, the same
 click -> the first row in the store (a reader thread polling every 10 ms), so the
-difference is the page's own delay (navigation, the fragment's 1 s timer, drawing).
+difference is the page's own delay (navigation, the fragment's timer, drawing).
 
-Each launch starts with the standby trainer listening (the app starts one; every run's
-supervisor leaves a new one), as after a person has read the form; the run is stopped
-as soon as its point is seen. Target: < 2 s click -> visible on an idle machine.
-Without Chromium or Playwright it says so and exits 3.
+Each server (`--servers`, each on a data directory of its own) takes `--launches`
+launches: the first is the server's first launch (its first page, a cold tab), the rest
+are warm. A server's first launch varies most (the tab loads plotly, the server imports
+the Live page), so `--servers 20` measures how often it misses its goal. Each launch
+starts with the standby trainer listening (the app starts one; every run's supervisor
+leaves a new one), as after a person has read the form; the run is stopped as soon as
+its point is seen. Goals (issue-level, as bench.pages_browser): < 3 s on a server's first
+launch, < 1.5 s warm, on an idle machine. Without Chromium or Playwright it says so and
+exits 3.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from typing import Any
 
 from bench._common import REPO_ROOT, emit_json, machine_info, print_table, spread, subprocess_env
 
-TARGET_S = 2.0
+FIRST_LAUNCH_GOAL_S = 3.0  # a server's first launch
+WARM_GOAL_S = 1.5  # every later launch
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 STORE_POLL_S = 0.010
@@ -63,12 +69,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.first_point_browser",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--launches", type=int, default=3, help="launches (default 3)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: one launch")
+    parser.add_argument("--servers", type=int, default=1,
+                        help="fresh servers, each on its own data directory (default 1)")
+    parser.add_argument("--launches", type=int, default=3,
+                        help="launches per server, the first of them cold (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: one server, two launches (first and warm)")
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     args = parser.parse_args(argv)
     if args.quick:
-        args.launches = 1
+        args.servers, args.launches = 1, 2
+    if args.servers < 1 or args.launches < 1:
+        parser.error("--servers and --launches must be at least 1")
     return args
 
 
@@ -233,31 +245,72 @@ def stop_runs(store) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def measure(args: argparse.Namespace, home: Path) -> list[dict[str, Any]]:
+def measure(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     from playwright.sync_api import sync_playwright
 
+    launches: list[dict[str, Any]] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for number in range(args.servers):
+                launches += measure_server(browser, tmp / f"server{number}", args.launches)
+        finally:
+            browser.close()
+    return launches
+
+
+def measure_server(browser, tmp: Path, launch_count: int) -> list[dict[str, Any]]:
+    """A fresh server and a fresh tab: its first launch, then the warm ones."""
     from engine.run import standby
     from engine.store import Store
 
+    home = tmp / "home"
     store = Store(home)
-    server = Server(home, home.parent / "streamlit.log")
+    server = Server(home, tmp / "streamlit.log")
     launches: list[dict[str, Any]] = []
+    page = None
     try:
         server.wait_healthy()
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                for _ in range(args.launches):
-                    launches.append(one_launch(page, server, store))
-                    stop_runs(store)
-            finally:
-                browser.close()
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for number in range(launch_count):
+            launches.append(one_launch(page, server, store) | {"first_of_server": number == 0})
+            stop_runs(store)
+    except Exception:
+        print_logs(tmp, home)  # the data directory goes with the benchmark: say why here
+        raise
     finally:
+        if page is not None:
+            page.close()
         server.stop()
         stop_runs(store)
         end_standbys(home, standby)
     return launches
+
+
+def print_logs(tmp: Path, home: Path, tail_chars: int = 3000) -> None:
+    """The ends of the server's, the standby's and each run's logs, to stderr."""
+    from engine.schema import STANDBY_LOG, WORKER_LOG
+
+    logs = [tmp / "streamlit.log", home / STANDBY_LOG, *sorted(home.glob(f"runs/*/{WORKER_LOG}"))]
+    for path in logs:
+        if path.is_file():
+            text = path.read_text(errors="replace")[-tail_chars:]
+            print(f"--- {path.relative_to(tmp)} (last {tail_chars} characters)\n{text}",
+                  file=sys.stderr)
+
+
+def summarize(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spreads of the first launches and of the warm ones, and how many missed their goal."""
+    keys = ("click_to_store_s", "click_to_visible_s", "store_to_visible_s",
+            "click_to_live_page_s")
+    summary: dict[str, Any] = {}
+    for group, goal_s in (("first", FIRST_LAUNCH_GOAL_S), ("warm", WARM_GOAL_S)):
+        chosen = [launch for launch in launches if launch["first_of_server"] == (group == "first")]
+        visible = [launch["click_to_visible_s"] for launch in chosen]
+        summary[group] = {"goal_s": goal_s, "n": len(chosen),
+                          "over_goal": sum(1 for value in visible if not value < goal_s),
+                          **{key: spread(launch[key] for launch in chosen) for key in keys}}
+    return summary
 
 
 def end_standbys(home: Path, standby) -> None:
@@ -292,33 +345,41 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_first_point_browser_") as tmp:
-        launches = measure(args, Path(tmp) / "home")
+        launches = measure(args, Path(tmp))
     elapsed_s = time.monotonic() - started
-    keys = ("click_to_store_s", "click_to_visible_s", "store_to_visible_s",
-            "click_to_live_page_s")
-    figures = {key: spread(launch[key] for launch in launches) for key in keys}
-    visible = figures["click_to_visible_s"]["median"]
-    met = visible is not None and visible < TARGET_S
+    summary = summarize(launches)
 
-    print(f"bench.first_point_browser: Launch page defaults, Chromium; {len(launches)} "
-          f"launches, {elapsed_s:.1f} s; load avg at start {machine['load_avg_1_5_15_min']}")
+    print(f"bench.first_point_browser: Launch page defaults, Chromium; {args.servers} "
+          f"server(s) x {args.launches} launches, {elapsed_s:.1f} s; load avg at start "
+          f"{machine['load_avg_1_5_15_min']}")
     labels = {"click_to_store_s": "click -> first row in the store",
               "click_to_visible_s": "click -> first point visible in the browser",
               "store_to_visible_s": "row stored -> point visible (the page's delay)",
               "click_to_live_page_s": "click -> Live page open"}
-    print_table(f"Seconds (target: visible < {TARGET_S} s)", ["", "median", "min", "max", "n"],
-                [[labels[key], figures[key]["median"], figures[key]["min"],
-                  figures[key]["max"], figures[key]["n"]] for key in keys])
-    print(f"\nfirst point visible {visible:.2f} s after the click (in the store after "
-          f"{figures['click_to_store_s']['median']:.2f} s); target < {TARGET_S} s: "
-          f"{'met' if met else 'MISSED'}")
+    for group, words in (("first", "a server's first launch"), ("warm", "warm launches")):
+        figures = summary[group]
+        if not figures["n"]:
+            continue
+        print_table(f"Seconds, {words} (goal: visible < {figures['goal_s']} s)",
+                    ["", "median", "min", "max", "n"],
+                    [[labels[key], figures[key]["median"], figures[key]["min"],
+                      figures[key]["max"], figures[key]["n"]] for key in labels])
+        print(f"{words}: first point visible, median "
+              f"{figures['click_to_visible_s']['median']:.2f} s; {figures['over_goal']} of "
+              f"{figures['n']} at or over {figures['goal_s']} s")
+    met = all(summary[group]["n"] and summary[group]["click_to_visible_s"]["median"]
+              < summary[group]["goal_s"] for group in ("first", "warm")
+              if summary[group]["n"])
     if args.json:
-        emit_json({"benchmark": "first_point_browser", "target": TARGET_S, "target_op": "<",
-                   "click_to_visible_s": visible,
-                   "click_to_store_s": figures["click_to_store_s"]["median"],
-                   "met": met, "results": figures, "launches": launches,
+        emit_json({"benchmark": "first_point_browser", "target": WARM_GOAL_S,
+                   "target_op": "<", "first_launch_goal_s": FIRST_LAUNCH_GOAL_S,
+                   "click_to_visible_s": summary["warm"]["click_to_visible_s"]["median"],
+                   "first_launch_click_to_visible_s":
+                       summary["first"]["click_to_visible_s"]["median"],
+                   "met": bool(met), "results": summary, "launches": launches,
                    "config": {"form": "Launch page defaults", "page_poll_ms": PAGE_POLL_MS,
-                              "store_poll_s": STORE_POLL_S},
+                              "store_poll_s": STORE_POLL_S, "servers": args.servers,
+                              "launches_per_server": args.launches},
                    "repeats": len(launches), "elapsed_s": elapsed_s, "machine": machine})
     return 0
 

@@ -6,8 +6,6 @@ seen; it stops refreshing once the run has ended.
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import streamlit as st
 
@@ -49,6 +47,12 @@ from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
 from engine.store.downsample import downsample_minmax
 from pages import charts
+from pages.live_refresh import (
+    REFRESH_S,
+    refresh_interval_s,
+    rerun_after_drawing,
+    rerun_before_drawing,
+)
 from pages.plot_view import draw_chart
 from pages.speedup_view import draw_speedup
 from pages.whatif_view import TITLE as WHATIF_TITLE
@@ -71,7 +75,6 @@ from pages.ui import (
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
-REFRESH_S = 1.0
 MAX_PLOT_POINTS = 2000
 _CACHE_KEY = "live_metrics_cache"
 
@@ -359,21 +362,6 @@ def telemetry_block(run) -> None:
                    "throttling) applies to CUDA runs only.")
 
 
-FIRST_ROW_REFRESH_S = 0.25  # while a just-launched run has logged no step yet
-FIRST_ROW_WINDOW_S = 30.0  # ... for at most this long after it was created
-
-
-def refresh_interval_s(run) -> float | None:
-    """How often the panel redraws: every second, not at all once the run has ended, and
-    4x a second while a run launched moments ago waits for its first logged step, so
-    that step is on screen as soon as it is stored instead of up to a second later."""
-    if not run.is_active:
-        return None
-    if run.steps_completed == 0 and time.time() - run.created_at < FIRST_ROW_WINDOW_S:
-        return FIRST_ROW_REFRESH_S
-    return REFRESH_S
-
-
 def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None = REFRESH_S
                ) -> None:
     try:
@@ -381,6 +369,9 @@ def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None =
     except RunNotFound:
         st.warning("This run no longer exists.")
         return
+    interval_s = refresh_interval_s(current)
+    if rerun_before_drawing(refresh_at_load, interval_s):
+        st.rerun()  # the first step is stored: the whole page, on the usual timer
     status_block(current)
     if current.config.is_speedup_check:
         # A speedup check logs no training steps: its rounds are the progress.
@@ -397,14 +388,8 @@ def live_panel(run_id: str, status_at_load: str, refresh_at_load: float | None =
         charts_block(current, frame)
         skip_ledger_block(current)
         telemetry_block(current)
-    interval_s = refresh_interval_s(current)
-    if interval_s != refresh_at_load or (current.status != status_at_load
-                                         and interval_s != FIRST_ROW_REFRESH_S):
-        # queued -> running -> ended: redraw the whole page once (labels, stop button),
-        # and without the refresh timer once the run has ended. While the first step is
-        # awaited that redraw waits until it is on screen: a whole-page rerun first
-        # would hold the first point back by the rerun's time.
-        st.rerun()
+    if rerun_after_drawing(refresh_at_load, interval_s, status_at_load, current.status):
+        st.rerun()  # new labels and buttons, or no timer once the run has ended
 
 
 refresh_s = refresh_interval_s(run)
