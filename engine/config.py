@@ -7,6 +7,7 @@ so a new mode or model is added in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -505,7 +506,7 @@ def config_fields() -> list[dataclasses.Field]:
 
 def field_doc(field_name: str) -> str:
     """The docstring written under a field, for UI help texts."""
-    return _FIELD_DOCS.get(field_name, "")
+    return _field_docs().get(field_name, "")
 
 
 def _check_int(cfg: RunConfig, name: str, low: int, high: int, fix: str) -> None:
@@ -534,8 +535,13 @@ def _check_float(cfg: RunConfig, name: str, low: float, high: float, fix: str,
     object.__setattr__(cfg, name, value)
 
 
-def _parse_field_docs() -> dict[str, str]:
-    """Read the per-field docstrings from this module's source (kept next to the fields)."""
+@functools.cache
+def _field_docs() -> dict[str, str]:
+    """Read the per-field docstrings from this module's source (kept next to the fields).
+
+    Parsed on the first call, not at import: the parse is ~25 ms, and every process
+    imports this module (a run's supervisor before its trainer starts, the CLI) while
+    only the Launch page's help texts read the docs."""
     import ast
     import inspect
 
@@ -553,8 +559,6 @@ def _parse_field_docs() -> dict[str, str]:
             docs[node.target.id] = following.value.value
     return docs
 
-
-_FIELD_DOCS = _parse_field_docs()
 
 __all__ = [
     "ConfigError", "DataMode", "Precision", "ModelName", "ModelSize", "OptimizerName", "RunConfig",
