@@ -295,10 +295,12 @@ def charts_block(run, frame: pd.DataFrame) -> None:
     smoothing = float(st.session_state.get("live_smoothing", 0.0))
     log_y = bool(st.session_state.get("live_log"))
     left, right = st.columns(2)
+    # The first row is what the page is opened to watch: drawn at once (plot_view: eager).
     draw_chart(container=left, figure=charts.loss_figure(frame, smoothing=smoothing, log_y=log_y),
-                      key="chart_loss")
-    draw_chart(container=right, figure=charts.throughput_figure(frame, rate_col, unit, smoothing=smoothing,
-                                                log_y=log_y), key="chart_throughput")
+               key="chart_loss", eager=True)
+    draw_chart(container=right, figure=charts.throughput_figure(
+        frame, rate_col, unit, smoothing=smoothing, log_y=log_y), key="chart_throughput",
+        eager=True)
     left, right = st.columns(2)
     draw_chart(container=left, figure=charts.memory_figure(frame, is_cuda), key="chart_memory")
     if run.config.uses_grad_scaler:

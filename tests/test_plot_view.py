@@ -23,7 +23,7 @@ draw_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[3.0, 2.0, 1.0])).update_layout(t
            key="loss")
 left, right = st.columns(2)
 draw_chart(go.Figure(go.Heatmap(z=[[1.0, 2.0], [3.0, 4.0]])).update_layout(title="Heat"),
-           key="heat", container=right)
+           key="heat", container=right, eager=True)
 """
 
 
@@ -65,6 +65,8 @@ def test_a_page_sends_each_figure_with_its_bundle_and_height():
     assert [data["bundle_url"].rsplit("/", 1)[1] for data in sent] == [
         f"plotly-basic-{PLOTLY_JS_VERSION}.min.js", f"plotly-cartesian-{PLOTLY_JS_VERSION}.min.js"]
     assert [data["height_px"] for data in sent] == [plot_view.DEFAULT_HEIGHT_PX] * 2
+    # Drawn when in view by default; `eager` draws at once (the chart a page is opened for).
+    assert [data["eager"] for data in sent] == [False, True]
     assert [spec["layout"]["title"]["text"] for spec in chart_specs(at)] == ["Loss", "Heat"]
 
 
