@@ -14,8 +14,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -48,6 +49,25 @@ def require_browser() -> None:
     except ImportError:
         unavailable("Python package `playwright` not installed (pip install playwright; "
                     "do not run `playwright install`, the system Chromium is used)")
+
+
+@contextmanager
+def chromium_browser() -> Iterator[Any]:
+    """The system Chromium under Playwright, closed after; skipped (or failed in CI) when
+    it is missing or does not start."""
+    require_browser()
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        try:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except PlaywrightError as exc:
+            unavailable(f"{CHROMIUM} did not start under Playwright: {exc}")
+        try:
+            yield chromium
+        finally:
+            chromium.close()
 
 
 # ---------------------------------------------------------------------------------------

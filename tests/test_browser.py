@@ -20,12 +20,11 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from browser_support import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     REPO_ROOT,
     StreamlitServer,
     chart_points,
     chart_titles,
+    chromium_browser,
     choose,
     error_alerts,
     exceptions,
@@ -33,11 +32,9 @@ from browser_support import (
     grid_cells,
     grid_columns,
     main_text,
-    require_browser,
     screenshot,
     set_number,
     stop_all_runs,
-    unavailable,
     wait_app_idle,
     wait_for,
     widget,
@@ -57,19 +54,8 @@ LIVE_URL = re.compile(r"/live\?run=[A-Za-z0-9_-]+")
 
 @pytest.fixture(scope="module")
 def browser():
-    require_browser()
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        try:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        except PlaywrightError as exc:
-            unavailable(f"{CHROMIUM} did not start under Playwright: {exc}")
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium_browser() as chromium:
+        yield chromium
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, require_browser, unavailable
+from browser_support import REPO_ROOT, chromium_browser
 
 from bench.first_point_browser import Server
 
@@ -58,27 +58,16 @@ def served_script(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_an_eager_chart_below_the_fold_draws_before_a_deferred_one(served_script):
-    require_browser()
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        try:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        except PlaywrightError as exc:
-            unavailable(f"{CHROMIUM} did not start under Playwright: {exc}")
-        try:
-            page = chromium.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"{served_script.url}/")
-            page.wait_for_function(_DRAWN_JS, arg="Eager", polling=20, timeout=60_000)
-            # Both charts are below the window: the eager one did not wait for the view.
-            assert page.evaluate(_DRAWN_JS, "Deferred") is False, \
-                "the deferred chart drew as early as the eager one"
-            charts_top = page.evaluate(
-                "() => Math.min(...[...document.querySelectorAll('.precision-lab-chart')]"
-                ".map((el) => el.getBoundingClientRect().top))")
-            assert charts_top > 800, f"a chart is in view (top {charts_top} px): no test"
-            # No chart stays blank: the deferred one draws in idle time, unscrolled.
-            page.wait_for_function(_DRAWN_JS, arg="Deferred", polling=50, timeout=30_000)
-        finally:
-            chromium.close()
+    with chromium_browser() as chromium:
+        page = chromium.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{served_script.url}/")
+        page.wait_for_function(_DRAWN_JS, arg="Eager", polling=20, timeout=60_000)
+        # Both charts are below the window: the eager one did not wait for the view.
+        assert page.evaluate(_DRAWN_JS, "Deferred") is False, \
+            "the deferred chart drew as early as the eager one"
+        charts_top = page.evaluate(
+            "() => Math.min(...[...document.querySelectorAll('.precision-lab-chart')]"
+            ".map((el) => el.getBoundingClientRect().top))")
+        assert charts_top > 800, f"a chart is in view (top {charts_top} px): no test"
+        # No chart stays blank: the deferred one draws in idle time, unscrolled.
+        page.wait_for_function(_DRAWN_JS, arg="Deferred", polling=50, timeout=30_000)

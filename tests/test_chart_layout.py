@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_ARGS, require_browser, unavailable
+from browser_support import chromium_browser
 
 from engine.report import figures
 from pages import charts
@@ -142,19 +142,8 @@ def layout_problems(chart: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def browser():
-    require_browser()
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        try:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        except PlaywrightError as exc:
-            unavailable(f"{CHROMIUM} did not start under Playwright: {exc}")
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium_browser() as chromium:
+        yield chromium
     # The browser's processes end with it: none may outlive the tests.
     left = [p for p in psutil.Process().children(recursive=True) if p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE and "chrom" in p.name().lower()]
