@@ -147,6 +147,24 @@ def test_a_run_with_no_step_for_the_bound_is_said_stalled_then_cleared(store, mo
     assert line and "No progress for 6 s: no step logged since step 3" in line
 
 
+def test_steps_made_after_the_last_check_are_said_when_the_watch_closes(store, monkeypatch,
+                                                                         capsys):
+    """A long build, then a few quick steps and the end, all between two 2 s checks."""
+    run_id = _run(store)
+    clock = [time.time()]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    monkeypatch.setenv(STALL_ENV, "5")
+    watch = RunWatch(store, run_id)
+    assert watch.stall.check() is None
+    clock[0] += 6.0
+    assert "No step yet" in watch.stall.check()
+    store.update_run(run_id, steps_completed=5)  # the whole run, before the next check
+    watch.close()
+    assert "progress again (step 5)" in capsys.readouterr().out
+    assert store.get_run(run_id).summary["stall"] is None
+
+
 def test_the_stall_sentence_counts_from_the_last_progress():
     stall = {"since_unix_s": 1000.0, "at_step": 0, "warn_after_s": 60}
     assert stall_words(stall, now_s=1125.0).startswith("No step yet, 2 min 5 s after")
@@ -287,7 +305,10 @@ def test_a_build_that_takes_long_is_said_stalled_on_live_and_in_the_log(store, t
     assert any("No step yet" in w and "build()" in w for w in warnings), warnings
     run = _final(store, run_id, wait_for)
     assert run.status == "finished", run.reason
-    assert run.summary.get("stall") is None  # progress cleared it
+    # The trainer sets "finished" before it exits; its supervisor clears the stall once it
+    # has (a build then 5 quick steps may all fall between two of its 2 s checks).
+    wait_for(lambda: store.get_run(run_id).summary.get("stall") is None, 30,
+             message="the supervisor to clear the stall once the trainer ended")
     text = (store.run_dir(run_id) / WORKER_LOG).read_text()
     assert "No step yet" in text and "progress again" in text
 

@@ -178,6 +178,11 @@ class RunWatch:
 
     def close(self) -> None:
         try:
+            # A last look: steps made since the last check (a long build, then a few quick
+            # steps and the end, all between two checks) are said in the log as progress.
+            line = self.stall.check() if self.stall.warned else None
+            if line:
+                print(line, flush=True)
             if self.stall.warned:  # the run has ended: nothing is stalled any more
                 self.stall.store.merge_summary(self.stall.run_id, {"stall": None})
             self.log.check()
