@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 from engine.analysis.steady import ema
 from engine.analysis.live import steady_median
 from engine.display import MEMORY_UNITS, memory_unit, throughput_text
-from engine.report.figures import PLOT_TEMPLATE, line_mode, unvalidated_figure
+from engine.report.figures import (PLOT_TEMPLATE, RAW_OPACITY, line_layout, line_mode,
+                                   unvalidated_figure)
 from engine.schema import PROFILE
 
 _LAYOUT = dict(template=PLOT_TEMPLATE, margin=dict(l=10, r=10, t=40, b=10), height=320,
@@ -26,14 +27,10 @@ _LAYOUT = dict(template=PLOT_TEMPLATE, margin=dict(l=10, r=10, t=40, b=10), heig
                legend=dict(orientation="h", yref="container", y=0, yanchor="bottom",
                            x=0, xanchor="left"),
                hovermode="x unified")
-RAW_OPACITY = 0.3  # with smoothing on, the raw points stay visible, faint, under the EMA
 
 
-def _layout(title: str, x_title: str, y_title: str, log_y: bool = False,
-            **extra: Any) -> dict[str, Any]:
-    return {**_LAYOUT, "title": {"text": title}, "xaxis": {"title": {"text": x_title}},
-            "yaxis": {"title": {"text": y_title}, **({"type": "log"} if log_y else {})},
-            **extra}
+def _layout(title: str, x_title: str, y_title: str, log_y: bool = False) -> dict[str, Any]:
+    return line_layout(_LAYOUT, title, x_title, y_title, log_y)
 
 
 def _values(column: pd.Series) -> np.ndarray:
