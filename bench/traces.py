@@ -1,4 +1,4 @@
-"""Trace analysis cost: time and peak memory of engine.analysis.explain.analyze (parse +
+"""Trace analysis cost: time and peak memory of engine.traces.explain.analyze (parse +
 Tensor-Core breakdown + time accounting + bound-by verdict) per trace fixture, side by side
 with HolisticTraceAnalysis' temporal breakdown when HTA is installed.
 
@@ -88,7 +88,7 @@ def _peak_mib(fn: Callable[[], Any]) -> float:
 
 def _ours(path: Path) -> Callable[[], dict]:
     # late: the parser and pandas load outside the timing
-    from engine.analysis.explain import analyze
+    from engine.traces.explain import analyze
 
     return lambda: analyze(path)
 
@@ -192,7 +192,7 @@ def measure_big(workdir: Path) -> dict:
     are the source's repeated."""
     # late: the builder is only for this measurement
     from bench._big_trace import build
-    from engine.analysis.accounting import time_accounting
+    from engine.traces.accounting import time_accounting
 
     big = workdir / "v100_repeated_1gib.json"
     built = build(FIXTURES / BIG_SOURCE, big, BIG_BYTES)

@@ -50,7 +50,7 @@ def _engine(home: Path, *args: str, timeout_s: float) -> dict[str, Any]:
 
 def _projected(home: Path, run_id: str) -> dict[str, Any]:
     """The run's trace projected to bf16 on its device, as `engine kernels RUN --json`."""
-    from engine.analysis.explain import analyze, run_trace_path
+    from engine.traces.explain import analyze, run_trace_path
     from engine.analysis.whatif import run_projection
     from engine.store import Store
 

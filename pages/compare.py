@@ -20,9 +20,9 @@ from engine.analysis.compare import (
 from engine.analysis.findings import findings
 from engine.analysis.summary_text import MAIN_COLUMNS, NOTE, summary_strings
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.analysis.explain import differs_words, explain_runs, parts_rows
+from engine.traces.explain import differs_words, explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
-from engine.analysis.traces import short_kernel_name
+from engine.traces.verdict import short_kernel_name
 from engine.analysis.whatif import summary_projection
 from engine.config import ConfigError
 from engine.presets import NUMERICS_DEMO_BASE as DEMO

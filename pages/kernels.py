@@ -11,10 +11,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.analysis.accounting import launch_words, part_shares
+from engine.traces.accounting import launch_words, part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
-from engine.analysis.explain import analyze as analyze_trace_file
-from engine.analysis.explain import (
+from engine.traces.explain import analyze as analyze_trace_file
+from engine.traces.explain import (
     differs_words,
     explain_diff,
     explain_runs,
@@ -23,8 +23,8 @@ from engine.analysis.explain import (
     run_rank_traces,
     window_note,
 )
-from engine.analysis.trace_parser import load_trace
-from engine.analysis.traces import short_kernel_name
+from engine.traces.parser import load_trace
+from engine.traces.verdict import short_kernel_name
 from engine.display import NA, ratio_text, share_text
 from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
@@ -83,7 +83,7 @@ def step_choice(result: dict, key: str) -> int | None:
 def analyze_rank_set(members: tuple[tuple[str, str], ...], newest_mtime_ns: int) -> dict:
     """A multi-process run's ranks side by side, cached per set of trace versions."""
     # late: trace_sets is only for runs and uploads with several ranks
-    from engine.analysis.trace_sets import analyze_set
+    from engine.traces.sets import analyze_set
 
     return analyze_set([(label, Path(path)) for label, path in members])
 
@@ -432,7 +432,7 @@ def _ms_or_na(us: float | None) -> str:
 
 
 def trace_set_report(result: dict) -> None:
-    """One job's ranks side by side (engine.analysis.trace_sets)."""
+    """One job's ranks side by side (engine.traces.sets)."""
     st.subheader("Ranks side by side")
     st.text(result["sentence"])
     st.caption(f"Rank numbers from {result['rank_from']}. Times per step. Idle in step: within the CPU-side "
@@ -468,7 +468,7 @@ def trace_set_report(result: dict) -> None:
 
 if source == "Upload one job's rank traces":
     # late: trace_sets is only for this view (it reads several traces)
-    from engine.analysis.trace_sets import analyze_set, set_members
+    from engine.traces.sets import analyze_set, set_members
 
     uploads = st.file_uploader("The ranks' traces (.json or .json.gz, several files) or one "
                                "zip of them", type=["json", "gz", "zip"],

@@ -11,7 +11,7 @@ import streamlit as st
 
 from engine.analysis.findings import both_mfu_words, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
-from engine.analysis.explain import window_note
+from engine.traces.explain import window_note
 from engine.analysis.live import (
     busy_words,
     data_wait_share,

@@ -1,5 +1,5 @@
-"""Time accounting (engine.analysis.accounting), the bound-by verdict (engine.analysis.bound)
-and the banner (engine.analysis.explain.analyze) on real traces and on small synthetic traces
+"""Time accounting (engine.traces.accounting), the bound-by verdict (engine.traces.bound)
+and the banner (engine.traces.explain.analyze) on real traces and on small synthetic traces
 whose figures can be checked by hand.
 
 The real-trace figures are computed twice: by the plain interval code in this file, straight
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.analysis.accounting import PARTS, cpu_op_part, part_shares, time_accounting
-from engine.analysis.bound import bound_by
-from engine.analysis.explain import analyze
-from engine.analysis.trace_parser import load_trace
+from engine.traces.accounting import PARTS, cpu_op_part, part_shares, time_accounting
+from engine.traces.bound import bound_by
+from engine.traces.explain import analyze
+from engine.traces.parser import load_trace
 from engine.display import share_text
 
 TRACES = Path(__file__).parent / "data" / "traces"

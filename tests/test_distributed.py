@@ -157,8 +157,8 @@ def test_fp16_comm_hook_over_gloo_trains_and_rank_0_profiles_the_collectives(sto
         names = {event.get("name") for event in json.load(handle)["traceEvents"]}
     assert "gloo:all_reduce" in names  # DDP's gradient all-reduce, in rank 0's window
     # every rank profiled the same window: the ranks side by side, from the run id
-    from engine.analysis.explain import run_rank_traces
-    from engine.analysis.trace_sets import analyze_set
+    from engine.traces.explain import run_rank_traces
+    from engine.traces.sets import analyze_set
 
     members = run_rank_traces(store, run)
     assert [label for label, _ in members] == ["rank-0", "rank-1"]

@@ -11,7 +11,7 @@ import pytest
 from _real_runs import tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.explain import explain_diff, explain_runs, run_caveats, window_note
+from engine.traces.explain import explain_diff, explain_runs, run_caveats, window_note
 from engine.report.html import build_html
 from engine.run.launcher import launch
 from engine.schema import FINAL_STATUSES

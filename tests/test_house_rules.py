@@ -201,7 +201,7 @@ def _function_imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("package", ["engine.analysis", "engine.hardware"])
+@pytest.mark.parametrize("package", ["engine.traces", "engine.analysis", "engine.hardware"])
 def test_analysis_and_hardware_import_no_torch_at_module_level(package):
     offenders = [f"{name}:{line}: {module}"
                  for name, path in MODULES.items() if _in_package(name, package)
@@ -210,7 +210,7 @@ def test_analysis_and_hardware_import_no_torch_at_module_level(package):
     assert offenders == []
 
 
-@pytest.mark.parametrize("package", ["engine.analysis", "engine.hardware"])
+@pytest.mark.parametrize("package", ["engine.traces", "engine.analysis", "engine.hardware"])
 def test_analysis_and_hardware_never_write_the_store(package):
     offenders = []
     for name, path in MODULES.items():

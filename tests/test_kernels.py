@@ -1,4 +1,4 @@
-"""engine.analysis.kernels: kernel name -> category / Tensor Cores / dtype.
+"""engine.traces.kernels: kernel name -> category / Tensor Cores / dtype.
 
 Ground truth: tests/data/kernel_names.tsv, 462 real kernel names from public profiler traces
 and issue reports, labelled yes/no with the reason. Plus hand-written names of families the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.analysis.kernels import (
+from engine.traces.kernels import (
     KERNEL_CATEGORIES,
     MATRIX_CATEGORIES,
     KernelVerdict,
@@ -286,5 +286,5 @@ def test_verdict_is_frozen():
 
 
 def test_kernels_module_imports_neither_torch_nor_streamlit():
-    source = (Path(__file__).parents[1] / "engine" / "analysis" / "kernels.py").read_text()
+    source = (Path(__file__).parents[1] / "engine" / "traces" / "kernels.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+(torch|streamlit)\b", source, re.MULTILINE)

@@ -148,8 +148,8 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
     streams = next(f for f in frames if "stream" in f.columns and "busy_ms" in f.columns)
     assert list(streams["stream"]) == ["7", "40"]
     # the shares read as the CLI prints them: one rounding, one formatter
-    from engine.analysis.accounting import launch_words
-    from engine.analysis.explain import analyze
+    from engine.traces.accounting import launch_words
+    from engine.traces.explain import analyze
     from engine.cli.kernels import format_breakdown
 
     report = format_breakdown(analyze(TRACES / "a100_conv_nccl_hta.json.gz"))

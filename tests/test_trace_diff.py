@@ -1,4 +1,4 @@
-"""Why B is faster than A (engine.analysis.explain.explain_diff) on two real CPU runs of this
+"""Why B is faster than A (engine.traces.explain.explain_diff) on two real CPU runs of this
 machine, fp32 against bf16-amp, trained here by the project's own trainer with the profiler
 on; on two real GPU traces; and through `python -m engine kernels A B --diff`.
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.analysis.accounting import CAST_OPS, PARTS
+from engine.traces.accounting import CAST_OPS, PARTS
 from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose
-from engine.analysis.explain import analyze, explain_diff
+from engine.traces.explain import analyze, explain_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "data" / "traces"
@@ -195,7 +195,7 @@ def test_cli_warns_about_bad_durations_and_never_prints_negative_time(tmp_path):
 def test_an_impossible_timestamp_is_a_defect_not_a_window_of_ages(tmp_path):
     """A 1e308 us timestamp once made the window 1e305 ms wide (and inf/nan before);
     it is left out, counted and warned about, and the figures are those of the rest."""
-    from engine.analysis.explain import analyze
+    from engine.traces.explain import analyze
 
     path = tmp_path / "ages.json"
     path.write_text(json.dumps({"traceEvents": [

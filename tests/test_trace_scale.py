@@ -1,7 +1,7 @@
-"""Traces at scale: the streaming reader (engine.analysis.trace_reader) against the plain
+"""Traces at scale: the streaming reader (engine.traces.reader) against the plain
 json path on every real trace, its bounds, GPU work by the step that launched it
-(engine.analysis.accounting) against an independent computation from the raw events, and
-trace sets across ranks (engine.analysis.trace_sets), CLI included."""
+(engine.traces.accounting) against an independent computation from the raw events, and
+trace sets across ranks (engine.traces.sets), CLI included."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.analysis import trace_reader
-from engine.analysis.accounting import time_accounting
-from engine.analysis.trace_parser import _parse_plain, _parse_trace, load_trace
-from engine.analysis.trace_reader import TraceTooLarge
-from engine.analysis.trace_sets import analyze_set, set_members
+from engine.traces import reader as trace_reader
+from engine.traces.accounting import time_accounting
+from engine.traces.parser import _parse_plain, _parse_trace, load_trace
+from engine.traces.reader import TraceTooLarge
+from engine.traces.sets import analyze_set, set_members
 
 TRACES = Path(__file__).parent / "data" / "traces"
 RANK_SET = TRACES / "rank_set_hta"

@@ -1,4 +1,4 @@
-"""engine.analysis.traces on real profiler traces (tests/data/traces, see SOURCES.md) and on small
+"""engine.traces.verdict on real profiler traces (tests/data/traces, see SOURCES.md) and on small
 synthetic traces that pin the attribution and cause logic down exactly.
 
 Each real trace is parsed once per module (fixture `tables`); the whole file runs in a few
@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.analysis.kernels import KERNEL_CATEGORIES
-from engine.analysis.traces import (
+from engine.traces.kernels import KERNEL_CATEGORIES
+from engine.traces.verdict import (
     CAUSE_FP32_IN_AMP,
     CAUSE_FP32_NO_TF32,
     CAUSE_FP32_PRE_AMPERE,
@@ -28,7 +28,7 @@ from engine.analysis.traces import (
     kernel_groups,
     kernel_summary_rows,
 )
-from engine.analysis.trace_parser import TABLE_COLUMNS, load_kernel_table, trace_device, trace_metadata
+from engine.traces.parser import TABLE_COLUMNS, load_kernel_table, trace_device, trace_metadata
 
 TRACES = Path(__file__).parent / "data" / "traces"
 TRACE_FILES = sorted(p.name for p in TRACES.glob("*.json.gz"))
@@ -547,7 +547,7 @@ def test_malformed_trace_documents_are_refused_in_words(tmp_path, content, words
 
 
 def test_the_trace_limit_is_configurable(tmp_path, monkeypatch):
-    from engine.analysis.trace_parser import TraceTooLarge
+    from engine.traces.parser import TraceTooLarge
 
     bomb = _bomb(tmp_path / "small.json.gz", 3)
     monkeypatch.setenv("PRECISION_LAB_MAX_TRACE_MIB", "2")

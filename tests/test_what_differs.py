@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.analysis.explain import config_differences, explain_diff
+from engine.traces.explain import config_differences, explain_diff
 from engine.analysis.runs import progress_text, run_row
 from engine.config import RunConfig
 

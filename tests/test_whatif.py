@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.analysis.explain import analyze
+from engine.traces.explain import analyze
 from engine.analysis.whatif import ASSUMPTION, project_step, projection
 from engine.config import RunConfig
 from engine.hardware.gpus import DATASHEET_TFLOPS

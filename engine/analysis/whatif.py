@@ -105,7 +105,7 @@ def _target(accounting, label, kind, current_flops, target_flops, basis) -> dict
 
 def projection(result: Mapping[str, Any],
                measured_rates: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Every projection a trace's analysis (engine.analysis.explain.analyze) supports, or
+    """Every projection a trace's analysis (engine.traces.explain.analyze) supports, or
     why none: {"current": {...}, "targets": [...], "assumes": ASSUMPTION} or {"none": why}.
 
     `measured_rates`: {dtype: FLOP/s} this device's stored matmul rates (a CPU run; a GPU

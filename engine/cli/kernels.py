@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from engine.analysis.kernels import classify_kernel
+from engine.traces.kernels import classify_kernel
 from engine.cli.errors import EXIT_OK, EXIT_USAGE, path_problem, shown, typed
 from engine.display import ratio_text, share_text
 
@@ -67,7 +67,7 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
     # late: only this command reads traces, so the CLI's start-up stays light
-    from engine.analysis.explain import analyze, explain_diff, explain_runs
+    from engine.traces.explain import analyze, explain_diff, explain_runs
     from engine.analysis.whatif import run_projection  # late: as analyze, this command only
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
@@ -94,7 +94,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                              cpu_evidence=run.summary.get("cpu_evidence") if run else None)
             result["projection"] = run_projection(result, run)  # analysis.whatif
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
-        from engine.analysis.accounting import StepNotInTrace  # late: as analyze above
+        from engine.traces.accounting import StepNotInTrace  # late: as analyze above
 
         flag = f"--step {args.step}: " if isinstance(exc, StepNotInTrace) else ""
         stderr.write(f"error: {flag}{_one_line(str(exc))}\n")
@@ -111,7 +111,7 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
 def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
     # late: explain reads traces and the store SQLite; only `kernels` needs either
-    from engine.analysis.explain import run_trace_path
+    from engine.traces.explain import run_trace_path
 
     # late: opening the store only when an argument is not a file
     from engine.store import RunNotFound, Store
@@ -178,7 +178,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     # late: trace_sets reads traces; only a trace set needs it
-    from engine.analysis.trace_sets import analyze_set, set_members
+    from engine.traces.sets import analyze_set, set_members
 
     try:
         members = _run_ranks(args) or set_members([Path(text) for text in _set_paths(args)])
@@ -199,7 +199,7 @@ def _run_ranks(args: argparse.Namespace) -> list | None:
             or args.trace.lower().endswith((".json", ".gz", ".zip")):
         return None
     # late: explain reads traces and the store SQLite; only `kernels` needs either
-    from engine.analysis.explain import run_rank_traces
+    from engine.traces.explain import run_rank_traces
 
     _path, run, store = _target(args.trace)
     members = run_rank_traces(store, run)
@@ -359,14 +359,14 @@ def _ms_or_na(us: float | None) -> str:
 
 def _launch_lines(accounting: dict) -> list[str]:
     # late: the trace analysis, loaded by the time a report is formatted
-    from engine.analysis.accounting import launch_words
+    from engine.traces.accounting import launch_words
 
     return launch_words(accounting)
 
 
 def _parts_lines(accounting: dict) -> list[str]:
     # late: the trace analysis, loaded by the time a report is formatted
-    from engine.analysis.accounting import part_shares
+    from engine.traces.accounting import part_shares
 
     shares = part_shares(accounting)
     lines = [f"  {'part':<15}{'time_ms':>10}{'share':>10}"]
@@ -406,7 +406,7 @@ def _side(letter: str, label: str) -> str:
 def format_diff(diff: dict) -> str:
     """B against A, part by part, with the Amdahl sentence first."""
     # late: the trace analysis, loaded by the time a diff is formatted
-    from engine.analysis.explain import differs_words
+    from engine.traces.explain import differs_words
 
     a, b = _side("A", diff["label_a"]), _side("B", diff["label_b"])
     lines = [f"{a}: {diff['source_a']}", f"{b}: {diff['source_b']}",

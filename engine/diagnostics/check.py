@@ -3,7 +3,7 @@ and did its matrix work run on Tensor Cores?
 
 Per compute dtype: a matmul microbenchmark (achieved FLOP/s, ratio to the datasheet peak,
 speed-up over fp32); on a GPU also a profiled matmul whose kernel names say whether Tensor
-Cores ran it (engine.analysis.kernels), and on Hopper+ the NVML GPM tensor-pipe counter; on a CPU
+Cores ran it (engine.traces.kernels), and on Hopper+ the NVML GPM tensor-pipe counter; on a CPU
 the native/emulated verdict of devices.mode_support. Then device memory copy bandwidth
 and, on a GPU, an NVML snapshot (clocks, power, throttle reasons, ECC).
 
@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from engine.analysis.kernels import classify_kernel
+from engine.traces.kernels import classify_kernel
 from engine.config import ConfigError, Precision
 from engine.hardware.devices import (
     EMULATED,
@@ -119,7 +119,7 @@ def kernel_events(trace: dict | list) -> list[tuple[str, float]]:
 
 
 def summarize_kernels(events: list[tuple[str, float]], top: int = 5) -> list[dict[str, Any]]:
-    """Group by name, classify each with engine.analysis.kernels, longest total time first."""
+    """Group by name, classify each with engine.traces.kernels, longest total time first."""
     total_us: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for name, dur_us in events:

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from engine.analysis.compare import config_diff, display_names, summary_table
 from engine.analysis.findings import both_mfu_words, findings, peak_words
 from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.analysis.explain import differs_words, explain_runs, only_in_rows, parts_rows
+from engine.traces.explain import differs_words, explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import method_words
 from engine.analysis.summary_text import COLUMNS, NOTE, TEXT_KEYS, speedup_rows, summary_strings
 from engine.display import NA, measured
@@ -245,7 +245,7 @@ def _summary_html(table: pd.DataFrame) -> str:
 
 
 def _diff_html(store: Store, runs: Mapping[str, RunRecord], table: pd.DataFrame) -> str:
-    """Each run against the baseline, part by part (engine.analysis.explain)."""
+    """Each run against the baseline, part by part (engine.traces.explain)."""
     base_id = next(r["run_id"] for r in table.to_dict("records") if r["is_baseline"])
     bounds = [f"<li>{_e(run.config.label)}: {_e(verdict['sentence'])}</li>"
               for run in runs.values()

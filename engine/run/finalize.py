@@ -69,7 +69,7 @@ def bound_by_with_data_wait(summary: dict) -> dict:
     for its next batch (steady steps), where the run measured one: an input pipeline that
     holds the loop back is then input-bound whatever the trace's few steps showed."""
     # the trace analysis imports pandas: kept out of the supervisor with the rest here
-    from engine.analysis.bound import bound_by
+    from engine.traces.bound import bound_by
 
     explain, wait_ms = summary.get("explain") or {}, summary.get("data_wait_ms")
     if not explain.get("accounting") or wait_ms is None:

@@ -95,7 +95,7 @@ def _train_rank(run, store: Store, ctx: ParallelContext, stop: StopFlag,
         on_window=window_handler(store, run_id, ctx.device_key) if lead else None,
         lead=lead, parallel=ctx,
         # every rank profiles the same steps: the Kernels page and `engine kernels RUN --set`
-        # show the ranks side by side (analysis.trace_sets)
+        # show the ranks side by side (traces.sets)
         rank_trace_dir=None if lead else store.run_dir(run_id))
     return run_session(spec, close_metrics=buffer.close if buffer is not None else _nothing)
 

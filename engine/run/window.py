@@ -57,7 +57,7 @@ def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
     """Where the window's step time went and what bounds it (the Live banner), kept small:
     the full tables are recomputed from the trace by the Kernels page."""
     # pandas and the trace parser: loaded only once a window has closed
-    from engine.analysis.explain import analyze
+    from engine.traces.explain import analyze
 
     try:
         result = analyze(trace_path, cpu_evidence=cpu_evidence)
@@ -83,8 +83,8 @@ BOUND_BY_KEYS = ("kind", "step_time_us", "window", "parts_per_step_us", "data_lo
 
 def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     # late: only a GPU trace needs the trace analysis, so a CPU trainer never loads it
-    from engine.analysis.trace_parser import load_trace
-    from engine.analysis.traces import breakdown, kernel_summary_rows  # late: as above
+    from engine.traces.parser import load_trace
+    from engine.traces.verdict import breakdown, kernel_summary_rows  # late: as above
 
     table = load_trace(trace_path).table
     if table.empty:

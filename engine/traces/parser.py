@@ -1,12 +1,12 @@
 """Profiler trace file -> kernel table: the parser. What ran (kernels, copies, launches,
 CPU ops, profiler-step spans), on which device, each kernel attributed to the CPU op that
-launched it. The judging (Tensor-Core verdict, breakdown, causes) is engine.analysis.traces.
+launched it. The judging (Tensor-Core verdict, breakdown, causes) is engine.traces.verdict.
 
 Input: a PyTorch profiler (Kineto) Chrome trace, `.json` or `.json.gz`. Kernel events have
 `cat` "kernel" (old traces: "Kernel"), `dur` in microseconds and `args.correlation`, which
 links each kernel to the CUDA runtime/driver call that launched it; that call carries the
 `External id` of the CPU op (aten::mm, ...) it ran under. A trace is read as a stream
-(engine.analysis.trace_reader: memory follows the events kept, bounds named in their
+(engine.traces.reader: memory follows the events kept, bounds named in their
 refusals) and events it cannot read are counted, not fatal.
 """
 
@@ -19,9 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from engine.analysis.kernel_table import TABLE_COLUMNS, KernelTable
-from engine.analysis.kernels import classify_kernel
-from engine.analysis.trace_reader import (
+from engine.traces.kernel_table import TABLE_COLUMNS, KernelTable
+from engine.traces.kernels import classify_kernel
+from engine.traces.reader import (
     FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge,
     collector_paused,
     _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes,
@@ -50,7 +50,7 @@ def _cannot_read(source: str, exc: BaseException) -> ValueError:
 def _parse_trace(path_or_fileobj: Any) -> tuple[Kept, int, dict]:
     """-> (kept events, events read, top-level members: deviceProperties,
     distributedInfo, ...). The streaming reader first
-    (engine.analysis.trace_reader); what it does not expect is read again by the plain
+    (engine.traces.reader); what it does not expect is read again by the plain
     path, whose messages say exactly what is wrong. ValueError naming the source if it is
     not a Chrome trace with events."""
     source = _source_name(path_or_fileobj)

@@ -1,5 +1,5 @@
 """What limits the step: input, CPU/launch overhead, communication, memory traffic or
-matrix math, decided from the time accounting (engine.analysis.accounting), with the
+matrix math, decided from the time accounting (engine.traces.accounting), with the
 numbers behind the verdict and what to try. The rules and thresholds:
 docs/precision-reference.md#bound-by-verdict.
 

@@ -148,7 +148,7 @@ def _first_dtype_in(text: str) -> str | None:
 # generic tokens, and "no matrix token" last.
 
 # Copy-engine event names as Kineto writes them ("Memcpy HtoD (Pageable -> Device)",
-# "Memset (Device)"): engine.analysis.traces reads those events apart from kernels.
+# "Memset (Device)"): engine.traces.verdict reads those events apart from kernels.
 _MEMCPY_EVENT = re.compile(r"^(?:memcpy|memset)\b|cudamemcpy|cudamemset|hipmemcpy|hipmemset")
 _COMMUNICATION = re.compile(
     r"nccl|nvshmem|multimem_all_?reduce|cross_device_reduce|custom_?all_?reduce"

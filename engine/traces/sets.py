@@ -2,7 +2,7 @@
 the communication time that was waiting for the other ranks.
 
 Input: a folder of rank traces, several files, or a zip of them. Each trace is analysed
-alone (engine.analysis.accounting); across ranks this module adds:
+alone (engine.traces.accounting); across ranks this module adds:
 - the rank of each trace: Kineto's distributedInfo.rank, else a number in the file name
   ("rank-3.json.gz", "worker3"), else the order given;
 - the slowest rank by step time, and by how much it is above the median rank;
@@ -26,9 +26,9 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any
 
-from engine.analysis.accounting import time_accounting
-from engine.analysis.trace_parser import ParsedTrace, load_trace
-from engine.analysis.trace_reader import collector_paused
+from engine.traces.accounting import time_accounting
+from engine.traces.parser import ParsedTrace, load_trace
+from engine.traces.reader import collector_paused
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
 # A job's ranks read one after another; more than this is a mistake, not a job to show.

@@ -2,7 +2,7 @@
 banner a page shows), and two traces compared: why is run B faster (or not) than run A?
 
 The B-vs-A split is Amdahl's law made visible: each part of A's step (matrix, attention,
-elementwise, ...; engine.analysis.accounting.PARTS) with its time in A and in B, its
+elementwise, ...; engine.traces.accounting.PARTS) with its time in A and in B, its
 speedup and its share of A's step. A 3x faster matmul in a step that is 40 % matmul gives
 at most 1.4x; the table says which part held the rest back.
 """
@@ -13,18 +13,18 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.analysis.accounting import (
+from engine.traces.accounting import (
     CAST_OPS,
     PARTS,
     part_shares,
     step_kernel_table,
     time_accounting,
 )
-from engine.analysis.bound import bound_by, busy_headline
-from engine.analysis.kernels import MATRIX_CATEGORIES
-from engine.analysis.trace_parser import ParsedTrace, load_trace
-from engine.analysis.trace_reader import collector_paused
-from engine.analysis.traces import (
+from engine.traces.bound import bound_by, busy_headline
+from engine.traces.kernels import MATRIX_CATEGORIES
+from engine.traces.parser import ParsedTrace, load_trace
+from engine.traces.reader import collector_paused
+from engine.traces.verdict import (
     UNATTRIBUTED_OP,
     breakdown,
     kernel_groups,

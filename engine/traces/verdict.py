@@ -1,6 +1,6 @@
 """Kernel table -> breakdown: did the matrix work run on Tensor Cores, which kernels and
 ops took the time, and which matrix ops could have used Tensor Cores and did not (why).
-The parser (trace file -> kernel table) is engine.analysis.trace_parser.
+The parser (trace file -> kernel table) is engine.traces.parser.
 
 Times are sums of kernel durations (`*_us`), not wall time: kernels on different streams
 overlap, and a share of summed kernel time is what says where the GPU's work went.
@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
-from engine.analysis.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES
-from engine.analysis.kernel_table import KernelTable
-from engine.analysis.trace_parser import load_trace
+from engine.traces.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES
+from engine.traces.kernel_table import KernelTable
+from engine.traces.parser import load_trace
 from engine.display import share_text
 from engine.hardware.gpus import compute_capability_from_name
 
@@ -373,7 +373,7 @@ class _UnitWords:
 
 _NVIDIA_WORDS = _UnitWords("Tensor Cores", "tensor-core kernels", "on CUDA cores")
 # AMD's matrix units are "Matrix Cores" (MFMA instructions on CDNA); the evidence is the
-# Tensile MI token and Composable Kernel's xdl/wmma families (engine.analysis.kernels).
+# Tensile MI token and Composable Kernel's xdl/wmma families (engine.traces.kernels).
 _AMD_WORDS = _UnitWords("Matrix Cores (AMD MFMA)", "matrix-core kernels", "on the vector ALUs")
 
 

@@ -1,6 +1,6 @@
 """Where a profiler window's time went: GPU busy and idle, copies, communication and its
 overlap with compute, per stream and per profiler step; for CPU runs the same split from
-the CPU ops' self time. Pure analysis over engine.analysis.trace_parser.ParsedTrace.
+the CPU ops' self time. Pure analysis over engine.traces.parser.ParsedTrace.
 
 Definitions (docs/precision-reference.md#time-accounting):
 - window: the span of the profiler steps (`ProfilerStep#N`, CPU side) when the trace has
@@ -26,7 +26,7 @@ from collections import defaultdict
 from operator import itemgetter
 from typing import Any
 
-from engine.analysis.trace_parser import SPAN_PREFIXES, ParsedTrace, load_trace
+from engine.traces.parser import SPAN_PREFIXES, ParsedTrace, load_trace
 from engine.display import share_text
 
 PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
