@@ -97,9 +97,14 @@ with st.expander("More columns"):
     more = st.multiselect("Also show", MORE_COLUMNS, key="runs_more_columns",
                           help="Columns beyond the ones that fit a laptop screen")
 shown_columns = MAIN_COLUMNS + more + (["archived"] if show_archived else [])
-# The selection is by row position: after an action changes the rows, a new key starts the
-# table with nothing selected, so a position never points at another run.
+# The grid reports its selection as row positions, in the rows the browser drew. Another
+# tab or the CLI adding or deleting a run moves the rows under those positions, so the
+# positions are read against the run ids of the drawing the user saw (kept per table key),
+# and once the rows have moved the table starts afresh with the selection carried by id:
+# an action only ever reaches a run the user picked.
 TABLE_VERSION_KEY = "runs_table_version"
+DRAWN_IDS_KEY = "runs_table_drawn_ids"  # (table key, run ids in row order) of the last draw
+CARRIED_KEY = "runs_selection_carried"  # (table key, run ids) kept across a fresh table
 
 
 def table_key() -> str:
@@ -108,6 +113,7 @@ def table_key() -> str:
 
 def changed_rows() -> None:
     st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1
+    st.session_state.pop(CARRIED_KEY, None)
     st.rerun()
 
 
@@ -135,11 +141,33 @@ event = st.dataframe(
         "note": st.column_config.TextColumn("note", width="medium"),
         "reason": st.column_config.TextColumn("reason", width="medium"),
     }, placeholder=NA)
-selected_ids = [table.iloc[i]["run_id"] for i in (event.selection.rows if event else [])
-                if i < len(table)]
-if not selected_ids:
+key_now = table_key()
+row_ids = [str(run_id) for run_id in table["run_id"]]
+positions = list(event.selection.rows) if event else []
+drawn_key, drawn_ids = st.session_state.get(DRAWN_IDS_KEY) or (None, None)
+seen_ids = drawn_ids if drawn_key == key_now else row_ids
+selected_ids = [seen_ids[i] for i in positions if 0 <= i < len(seen_ids)]
+st.session_state[DRAWN_IDS_KEY] = (key_now, row_ids)
+if positions and seen_ids != row_ids:
+    # The rows moved under the selection: the browser would now mark other runs.
+    st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1
+    st.session_state[CARRIED_KEY] = (table_key(), selected_ids)
+    st.rerun()
+carried_key, carried_ids = st.session_state.get(CARRIED_KEY) or (None, [])
+if positions or carried_key != key_now:
+    st.session_state.pop(CARRIED_KEY, None)  # a selection made in this table replaces it
+elif carried_ids:
+    selected_ids = carried_ids
+    st.caption("The run list changed while runs were selected (a run was added or deleted "
+               "elsewhere); the selection is kept by run id: " + ", ".join(carried_ids))
+selected = []
+for run_id in selected_ids:
+    try:
+        selected.append(store.get_run(run_id))
+    except RunNotFound:
+        st.info(f"Run {run_id} is no longer in the store (deleted elsewhere).")
+if not selected:
     st.stop()
-selected = [store.get_run(run_id) for run_id in selected_ids]
 
 # -- actions on the selection ----------------------------------------------------------
 st.subheader(f"{len(selected)} selected" if len(selected) > 1 else f"Run {selected[0].id}")
@@ -173,6 +201,7 @@ with action_cols[3].popover("Delete", help="Removes the runs' rows and files for
     if ended:
         st.write(f"Delete {len(ended)} ended run(s), their metrics, logs and traces? This "
                  "cannot be undone.")
+        st.text(", ".join(r.id for r in ended))  # by id: exactly the runs that go
         confirm = st.checkbox("Yes, delete them", key="delete_confirm")
         if st.button("Delete", type="primary", disabled=not confirm, key="delete_runs"):
             deleted, refused = [], []
