@@ -17,6 +17,7 @@ import pandas as pd
 
 from engine.schema import METRIC_COLUMNS, METRIC_UNITS
 from engine.store import Store
+from engine.store.db import default_home
 
 
 def metrics_frame(store: Store, run_id: str) -> pd.DataFrame:
@@ -61,12 +62,31 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
           (stat.S_ISDIR, "a directory"))
 
 
-def target_problem(path: str | os.PathLike) -> str | None:
+def inside_data_dir(path: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> bool:
+    """Whether `path` (resolved: symbolic links in its folders followed) lies in the data
+    directory (PRECISION_LAB_HOME unless given)."""
+    home = Path(data_dir).expanduser().resolve() if data_dir else default_home()
+    target = Path(path).expanduser()
+    try:
+        where = target.parent.resolve() / target.name
+    except (OSError, RuntimeError):  # a folder loop: not ours to judge here
+        return False
+    return where == home or where.is_relative_to(home)
+
+
+def target_problem(path: str | os.PathLike,
+                   data_dir: str | os.PathLike | None = None) -> str | None:
     """Why an export must not write `path` (None: a new or an existing regular file).
 
     An export renames its temporary file over the target, which replaces whatever is
     there: run as root, `--csv /dev/null` would replace the machine's /dev/null. A symbolic
-    link is refused too (the rename would replace the link, not write where it points)."""
+    link is refused too (the rename would replace the link, not write where it points).
+    Nothing inside the data directory either: `--csv <data dir>/precision_lab.sqlite3`
+    would replace the live database, and a run's worker.log or trace its own evidence."""
+    if inside_data_dir(path, data_dir):
+        home = Path(data_dir).expanduser().resolve() if data_dir else default_home()
+        return (f"is inside the data directory {str(home)!r} (the runs' database, logs and "
+                "traces); exports write outside it")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -81,13 +101,15 @@ def target_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def write_file_atomically(path: str | os.PathLike, data: bytes) -> bool:
+def write_file_atomically(path: str | os.PathLike, data: bytes,
+                          data_dir: str | os.PathLike | None = None) -> bool:
     """Write `data` to `path` so a reader never sees half a file: a temporary file beside
     it with the target's final permissions (an existing file's own, else the umask's),
     fsync, rename, fsync of the folder. Returns True when an existing file was replaced.
-    Raises ExportTargetError for a target that is not a regular file."""
+    Raises ExportTargetError for a target that is not a regular file or that lies inside
+    the data directory (`data_dir`, else PRECISION_LAB_HOME)."""
     path = Path(path)
-    problem = target_problem(path)
+    problem = target_problem(path, data_dir)
     if problem is not None:
         raise ExportTargetError(f"{path}: {problem}")
     existed = path.exists()
@@ -123,5 +145,5 @@ def write_metrics_file(store: Store, run_id: str, path: str | os.PathLike,
                        file_format: str) -> Path:
     """Write `csv` or `parquet` to `path` (`write_file_atomically`: regular files only)."""
     data = metrics_csv(store, run_id) if file_format == "csv" else metrics_parquet(store, run_id)
-    write_file_atomically(path, data)
+    write_file_atomically(path, data, store.home)
     return Path(path)
