@@ -71,6 +71,9 @@ def _tsv_dtypes(label: str) -> set[str]:
 _SPELLINGS = {"bf16": ("bf16", "bfloat16", "_tst_"), "fp16": ("f16", "fp16", "half", "_hsh_"),
               "fp32": ("f32", "float", "sgemm", "ffma"), "tf32": ("tf32", "tfloat32", "s1688"),
               "fp8": ("e4m3", "e5m2", "fp8"), "fp4": ("e2m1",), "int8": ("int8", "i8"),
+              "nvfp4": ("ue4m3xf4", "ue4m3xe2m1", "avec16ue4m3"),
+              "mxfp8": ("ue8m0xe4m3", "ue8m0xe5m2", "avec32ue8m0"),
+              "mxfp4": ("ue8m0xf4", "ue8m0xe2m1"),
               "complex64": ("cgemm",)}
 
 
@@ -212,6 +215,29 @@ UNSEEN = [
      "flashinfer::QuantizationSFLayout)", "elementwise", "no", "bf16"),
     ("_fwd_kernel", "attention", "unknown", None),
     ("some_custom_kernel", "other", "no", None),
+    # AMD families: matched as tokens of the family, never as substrings
+    ("attn_fwd", "attention", "yes", None),                      # AOTriton
+    ("bwd_kernel_fuse", "attention", "yes", None),
+    ("bwd_kernel_dk_dv", "attention", "yes", None),
+    ("bwd_preprocess", "attention", "no", None),
+    ("SubTensorOpWithScalar1d", "elementwise", "no", None),      # MIOpen, not 'tensorop'
+    ("SubTensorOpWithCastTensor1d", "elementwise", "no", None),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT64x64x64_MI16x16x1_PostGSU8_VW4",
+     "reduction/norm", "no", "bf16"),                            # hipBLASLt split-K helper
+    ("transpose_32x32_off64", "copy kernel", "no", None),        # 'off64' is no fp64
+    ("fmha_fwd_d128_bf16_batch_b128x128x32x128x32x128_r4x1x1_r4x1x1_w32x32x16_w32x32x16_qr_"
+     "async_vr_psddv_nlogits_nbias_nmask_lse_ndropout_nsquant", "attention", "yes", "bf16"),
+    ("_ZN2ck16tensor_operation6device12_GLOBAL__N_137kernel_grouped_conv_fwd_xdl_cshuffle_v3"
+     "INS_6half_tEEEvv", "conv", "yes", "fp16"),
+    # Blackwell block-scaled formats: the scale's type (ue4m3, ue8m0) is not the data type
+    ("nvjet_sm100_qqtst_128x256_128x6_2x1_2cta_v_bz_Avec32UE8M0_Bvec32UE8M0_NNT",
+     "gemm", "yes", "mxfp8"),
+    ("nvjet_sm100_ootst_128x256_256x4_2x1_2cta_v_bz_Avec16UE4M3_Bvec16UE4M3_NNT",
+     "gemm", "yes", "nvfp4"),
+    ("cutlass3x_sm100_bstensorop_s256x128x64gemm_block_scaled_ue4m3xf4_ue4m3xf4_f32_bf16_bf16_"
+     "256x128x256_0_tnn_align32_o_vs16_2sm_bias_bf16_relu", "gemm", "yes", "nvfp4"),
+    ("cutlass3x_sm100_bstensorop_s256x128x64gemm_block_scaled_ue8m0xe4m3_ue8m0xe4m3_f32_bf16_"
+     "bf16", "gemm", "yes", "mxfp8"),
 ]
 
 

@@ -34,13 +34,17 @@ KERNEL_CATEGORIES = (
     "copy kernel", "memcpy/memset", "communication", "optimizer", "other",
 )
 MATRIX_CATEGORIES = ("gemm", "conv", "attention")
+# Kernel dtypes narrower than fp32/tf32: a run with any used autocast or low-precision
+# tensors. The block-scaled formats (Blackwell) carry their own labels: fp4 data is not fp8.
+LOW_PRECISION_DTYPES = ("fp16", "bf16", "fp8", "mxfp8", "fp4", "mxfp4", "nvfp4", "int8")
 
 
 @dataclass(frozen=True)
 class KernelVerdict:
     category: str          # one of KERNEL_CATEGORIES
     tensor_core: str       # "yes" | "no" | "unknown"
-    dtype: str | None      # fp32 tf32 fp16 bf16 fp8 fp4 int8 fp64 complex64, None if unsaid
+    dtype: str | None      # fp32 tf32 fp16 bf16 fp8 mxfp8 mxfp4 nvfp4 fp4 int8 fp64 complex64;
+                           # None if unsaid
     reason: str            # names the token or family that decided
 
 
@@ -100,6 +104,20 @@ def demangle_hint(name: str) -> str:
 # accumulator and output (bf16bf16_bf16f32_f32 is a bf16 GEMM accumulating in fp32), and the
 # inputs are the narrowest, so priority order picks them. fp8 before fp4: an fp4 x fp8
 # block-scaled MMA runs at the fp8 rate.
+#
+# Block-scaled formats (Blackwell) come first and get their own labels: their names also
+# spell the *scale's* type (ue4m3, ue8m0), which is not the data type. MXFP8: fp8 data,
+# one e8m0 scale per 32 elements; MXFP4: e2m1 data, e8m0 per 32; NVFP4: e2m1 data, e4m3
+# per 16. cuBLASLt spells them Avec32UE8M0 / Avec16UE4M3 beside its type letters (q fp8,
+# o fp4); CUTLASS spells `<scale>x<data>` (ue8m0xe4m3, ue4m3xf4).
+
+_BLOCK_SCALED = tuple((dtype, re.compile(pattern)) for dtype, pattern in (
+    ("nvfp4", r"ue4m3x(?:f4|e2m1)|nvf4|nvfp4"),
+    ("mxfp4", r"ue8m0x(?:f4|e2m1)|mxf4|mxfp4"),
+    ("mxfp8", r"ue8m0x(?:e4m3|e5m2|f8)|mxf8|mxfp8"),
+))
+_NVJET_BLOCK_SCALES = {"avec16ue4m3": {"o": "nvfp4"},
+                       "avec32ue8m0": {"o": "mxfp4", "q": "mxfp8", "e": "mxfp8"}}
 
 _DTYPE_PATTERNS = tuple((dtype, re.compile(pattern)) for dtype, pattern in (
     ("fp8", r"e4m3|e5m2|fp8|float8|f8f8|qgmma"),
@@ -108,20 +126,32 @@ _DTYPE_PATTERNS = tuple((dtype, re.compile(pattern)) for dtype, pattern in (
     ("tf32", r"tf32|tfloat32"),
     ("bf16", r"bf16|bfloat16|bhalf"),
     ("fp16", r"(?<!b)f16|fp16|half|(?<![a-z0-9])h(?:884|1688|16816|16832|gemm|cudnn)"),
-    ("fp64", r"f64|fp64|double|dgemm|dmma"),
+    ("fp64", r"(?<![a-z0-9])f64|fp64|double|dgemm|dmma"),
     ("complex64", r"(?<![a-z])g?cgemm|complex"),
     ("fp32", r"f32|fp32|(?<![a-z0-9])float(?![0-9a-z])|sgemm|scudnn|ffma"),
 ))
 
 
 # Template arguments that spell a dtype word without meaning that dtype: vLLM's
-# Fp8KVCacheDataType 0 is "auto": the cache is not fp8.
-_NOT_A_DTYPE = re.compile(r"\(vllm::fp8kvcachedatatype\)0")
+# Fp8KVCacheDataType 0 is "auto": the cache is not fp8. A mangled blob (`_zn2ck...`) is
+# left out too: its substitutions (`s8_`) and literals read as types; the demangled words
+# beside it carry the real ones (`half_t`, `bhalf_t`).
+_NOT_A_DTYPE = re.compile(r"\(vllm::fp8kvcachedatatype\)0|(?<![a-z0-9_])_z[a-z0-9_.$]+")
+
+
+def _block_scaled_dtype(text: str) -> str | None:
+    for dtype, pattern in _BLOCK_SCALED:
+        if pattern.search(text):
+            return dtype
+    return None
 
 
 def _dtype_in(text: str) -> str | None:
     """Matrix kernels: the narrowest type named anywhere (their inputs)."""
-    text = _NOT_A_DTYPE.sub("", text)
+    text = _NOT_A_DTYPE.sub(" ", text)
+    scaled = _block_scaled_dtype(text)
+    if scaled:
+        return scaled
     for dtype, pattern in _DTYPE_PATTERNS:
         if pattern.search(text):
             return dtype
@@ -132,7 +162,7 @@ def _first_dtype_in(text: str) -> str | None:
     """Elementwise/reduction kernels: the first type named, i.e. the kernel's own template
     argument (`softmax_warp_forward<c10::BFloat16, ...>`), not a type buried in the
     argument list (`uniform_kernel(..., double, double)`)."""
-    text = _NOT_A_DTYPE.sub("", text)
+    text = _NOT_A_DTYPE.sub(" ", text)
     best_pos, best_dtype = len(text) + 1, None
     for dtype, pattern in _DTYPE_PATTERNS:
         match = pattern.search(text)
@@ -166,19 +196,44 @@ def _rule_transfer_and_comm(name: str, text: str) -> KernelVerdict | None:
 
 
 # --- AMD (ROCm) ---------------------------------------------------------------------------
-# hipBLASLt / rocBLAS GEMMs are Tensile kernels: Cijk_<layout>_<types>_..._MT<tile>_MI<m>x<n>x
-# <k>[x<b>]_... where the MI token is the MFMA (matrix-core) instruction; without it the kernel
-# runs on the vector ALUs. Types: S fp32, D fp64, H fp16, B bf16, I8 int8, F8 fp8 (the first
-# letters are A/B inputs). Composable Kernel: xdl / xdlops / wmma families use the matrix
-# cores; MIOpen's igemm "gtcx" convolutions are its xdlops builds.
+# Families, each matched as its own tokens (docs/precision-reference.md, "AMD kernel
+# families"):
+# - hipBLASLt / rocBLAS GEMMs are Tensile kernels: Cijk_<layout>_<types>_..._MT<tile>_MI<m>x
+#   <n>x<k>[x<b>]_... where the MI token is the MFMA (matrix-core) instruction; without it the
+#   kernel runs on the vector ALUs. Types: S fp32, D fp64, H fp16, B bf16, I8 int8, F8 fp8 (the
+#   first letters are A/B inputs). `PostGSU` kernels are the split-K ("global split-U")
+#   reduction after such a GEMM: no matrix work.
+# - Composable Kernel (ck::, ck_tile::, often mangled `_ZN2ck...`): `Xdl`/`xdlops`/`Wmma`/
+#   `Mfma` class tokens use the matrix cores, `Fmha` is attention on them; `Dl` GEMMs are the
+#   vector dot-product builds; the rest (elementwise, reduce, permute) multiply no matrices.
+# - MIOpen: igemm "gtcx" convolutions are its xdlops builds; naive/asm direct convolutions run
+#   on the vector ALUs; `SubTensorOp*` kernels are element-wise (scale, cast) whatever the
+#   "TensorOp" in their name.
+# - AOTriton (PyTorch's ROCm SDPA): attn_fwd, bwd_kernel_fuse, bwd_kernel_dk_dv, bwd_kernel_dq
+#   (flash attention on matrix cores), bwd_preprocess (a helper). aiter / CK-tile attention:
+#   fmha_fwd_* / fmha_bwd_* and FmhaFwd/FmhaBwd kernels.
 
 _TENSILE = re.compile(r"^cijk_[a-z]+_[a-z]+_(?P<types>[a-z0-9]+?)_")
 _TENSILE_MFMA = re.compile(r"_mi(?P<shape>\d+x\d+x\d+(?:x\d+)?)(?:_|$)")
+_TENSILE_SPLIT_K = re.compile(r"_postgsu\d*(?:_|$)")
 _TENSILE_TYPES = (("f8", "fp8"), ("i8", "int8"), ("b", "bf16"), ("h", "fp16"),
                   ("x", "tf32"), ("d", "fp64"), ("s", "fp32"))
-_CK_MFMA = re.compile(r"(?:ck|ck_tile)::\w*?(?P<token>xdl\w*|wmma\w*|fmha\w*)")
+_CK_FAMILY = re.compile(r"(?<![a-z0-9_])(?:ck|ck_tile)::|^_zn(?:2ck|7ck_tile)\d")
+# Class-name tokens in CK's original spelling: a camel-case word start (GemmXdl, BlockGemm
+# Xdlops, WarpGemmMfma) or a snake-case one (gridwise_gemm_xdl_cshuffle).
+_CK_MATRIX_TOKEN = re.compile(r"(?<![A-Z])(?:Xdlops|Xdl|XDL|Wmma|WMMA|Mfma|MFMA)"
+                              r"|(?<![A-Za-z])(?:xdlops|xdl|wmma|mfma)(?![a-z])")
+_CK_ATTENTION_TOKEN = re.compile(r"(?<![A-Z])Fmha|(?<![A-Za-z])fmha(?![a-z])")
+_CK_VECTOR_TOKEN = re.compile(r"(?:Gemm|Conv\w*?|Fwd|Bwd\w*?)Dl(?![a-z])|_dl(?:_|$)")
+_ATTENTION_HELPER = re.compile(r"dot_?do_?o|ograd_?dot_?o|convert_?q_?grad|convert_?dq"
+                               r"|bwd_preprocess")
+_AOTRITON = re.compile(r"^(?:attn_fwd|bwd_kernel_fuse|bwd_kernel_dk_dv|bwd_kernel_dq)"
+                       r"(?:_varlen)?$")
+_AITER_FMHA = re.compile(r"(?<![a-z0-9])fmha_(?:fwd|bwd)(?=_|$)")
 _MIOPEN_XDLOPS = re.compile(r"igemm_(?:fwd|bwd|wrw)_gtcx\w*")
-_MIOPEN_VALU = re.compile(r"miopensp\d+asmconv\w*|naive_conv\w*|miopenconv\w*|gridwise_convolution\w*")
+_MIOPEN_ELEMENTWISE = re.compile(r"(?<![a-z])subtensorop\w*")
+_MIOPEN_VALU = re.compile(r"miopensp\d+asmconv\w*|naive_conv\w*|miopenconv\w*"
+                          r"|gridwise_convolution\w*")
 
 
 def _tensile_dtype(types: str) -> str | None:
@@ -188,23 +243,80 @@ def _tensile_dtype(types: str) -> str | None:
     return None
 
 
-def _rule_amd(name: str, text: str) -> KernelVerdict | None:
+def _rule_tensile(name: str, text: str) -> KernelVerdict | None:
     match = _TENSILE.match(text)
+    if not match:
+        return None
+    dtype = _tensile_dtype(match.group("types"))
+    split_k = _TENSILE_SPLIT_K.search(text)
+    if split_k:
+        return _no("reduction/norm", dtype, f"Tensile '{split_k.group().strip('_')}': split-K "
+                                            "reduction after a GEMM (vector ALUs)")
+    mfma = _TENSILE_MFMA.search(text)
+    if mfma:
+        return _yes("gemm", dtype, f"Tensile (hipBLASLt/rocBLAS) GEMM with MFMA token "
+                                   f"'MI{mfma.group('shape')}' (AMD matrix cores)")
+    return _no("gemm", dtype, "Tensile (hipBLASLt/rocBLAS) GEMM without an MFMA 'MI' "
+                              "token: vector-ALU FMA")
+
+
+def _rule_composable_kernel(name: str, text: str) -> KernelVerdict | None:
+    if not _CK_FAMILY.search(text):
+        return None
+    spelled = demangle_hint(name) if name.startswith("_Z") else name
+    dtype = _dtype_in(text)
+    helper = _ATTENTION_HELPER.search(text)
+    attention = _CK_ATTENTION_TOKEN.search(spelled)
+    if attention and helper:
+        return _no("attention", dtype, f"Composable Kernel attention helper "
+                                       f"'{helper.group()}' (no MFMA)")
+    if attention:
+        return _yes("attention", dtype, "Composable Kernel 'Fmha' attention (MFMA on AMD "
+                                        "matrix cores)")
+    token = _CK_MATRIX_TOKEN.search(spelled)
+    category = "conv" if _CONV_HINT.search(text) else "gemm"
+    if token:
+        return _yes(category, dtype, f"Composable Kernel '{token.group()}' (MFMA/WMMA on AMD "
+                                     "matrix cores)")
+    vector = _CK_VECTOR_TOKEN.search(spelled)
+    if vector and _matrix_category(text):
+        return _no(category, dtype, f"Composable Kernel '{vector.group().strip('_')}' build "
+                                    "(vector-ALU dot products)")
+    if _matrix_category(text) in ("gemm", "conv") and not _content_words_only(text):
+        return _unknown(category, dtype, "Composable Kernel GEMM/conv without an Xdl/Wmma "
+                                         "class token")
+    return _no(_content_category(text), _first_dtype_in(text),
+               "Composable Kernel kernel without a matrix class (elementwise, reduce, copy)")
+
+
+def _content_words_only(text: str) -> bool:
+    """A CK kernel whose own name is an elementwise/reduce/permute device op: the GEMM words
+    in it are its template arguments, not what it computes."""
+    return bool(re.search(r"elementwise|reduce|permute|normalization|softmax|pool", text))
+
+
+def _rule_amd(name: str, text: str) -> KernelVerdict | None:
+    verdict = _rule_tensile(name, text) or _rule_composable_kernel(name, text)
+    if verdict:
+        return verdict
+    if text.startswith("bwd_preprocess"):
+        return _no("attention", None, "AOTriton 'bwd_preprocess': attention backward helper "
+                                      "(no MFMA)")
+    if _AOTRITON.match(text):
+        return _yes("attention", None, f"AOTriton '{text}': flash attention (MFMA on AMD "
+                                       "matrix cores)")
+    match = _AITER_FMHA.search(text)
     if match:
-        dtype = _tensile_dtype(match.group("types"))
-        mfma = _TENSILE_MFMA.search(text)
-        if mfma:
-            return _yes("gemm", dtype, f"Tensile (hipBLASLt/rocBLAS) GEMM with MFMA token "
-                                       f"'MI{mfma.group('shape')}' (AMD matrix cores)")
-        return _no("gemm", dtype, "Tensile (hipBLASLt/rocBLAS) GEMM without an MFMA 'MI' "
-                                  "token: vector-ALU FMA")
-    match = _CK_MFMA.search(text)
+        helper = _ATTENTION_HELPER.search(text)
+        if helper:
+            return _no("attention", _dtype_in(text), f"'{helper.group()}': attention helper "
+                                                     "(no MFMA)")
+        return _yes("attention", _dtype_in(text), f"aiter/CK '{match.group()}' attention "
+                                                  "(MFMA on AMD matrix cores)")
+    match = _MIOPEN_ELEMENTWISE.search(text)
     if match:
-        token = match.group("token")
-        category = "attention" if "fmha" in token else (
-            "conv" if _CONV_HINT.search(text) else "gemm")
-        return _yes(category, _dtype_in(text), f"Composable Kernel '{token}' (MFMA/WMMA on AMD "
-                                               "matrix cores)")
+        return _no("elementwise", _first_dtype_in(text), f"MIOpen '{match.group()}': "
+                                                         "element-wise tensor op (vector ALUs)")
     match = _MIOPEN_XDLOPS.search(text)
     if match:
         return _yes("conv", _dtype_in(text), f"MIOpen '{match.group()}': xdlops implicit GEMM "
@@ -347,10 +459,11 @@ def _rule_attention(name: str, text: str) -> KernelVerdict | None:
 
 # --- cuBLASLt nvjet (Hopper/Blackwell generated GEMMs) ---------------------------------
 # nvjet_<types>_<tile>...: types are one letter per A/B, compute, C/D; h = fp16, t = bf16,
-# s = fp32 (with a _tf32 or _bf16x9 suffix for the tensor-core fp32 paths), q/o/e = fp8.
+# s = fp32 (with a _tf32 or _bf16x9 suffix for the tensor-core fp32 paths), q/e = fp8,
+# o = fp4 (block-scaled only: with Avec16UE4M3 NVFP4, with Avec32UE8M0 MXFP4).
 
 _NVJET = re.compile(r"^nvjet_(?:sm\d+[a-z]?_)?(?P<types>[a-z]+)(?P<rest>_\w*)?")
-_NVJET_LETTER_DTYPES = {"h": "fp16", "t": "bf16", "q": "fp8", "o": "fp8", "e": "fp8",
+_NVJET_LETTER_DTYPES = {"h": "fp16", "t": "bf16", "q": "fp8", "o": "fp4", "e": "fp8",
                         "i": "int8"}
 
 
@@ -359,6 +472,12 @@ def _rule_nvjet(name: str, text: str) -> KernelVerdict | None:
     if not match:
         return None
     types, rest = match.group("types"), match.group("rest") or ""
+    for scale_token, by_letter in _NVJET_BLOCK_SCALES.items():
+        if scale_token in rest:
+            dtype = next((by_letter[letter] for letter in types if letter in by_letter), None)
+            if dtype:
+                return _yes("gemm", dtype, f"'nvjet_{types}' with '{scale_token}': cuBLASLt "
+                                           f"block-scaled {dtype} GEMM (tcgen05)")
     for letter in types:
         if letter in _NVJET_LETTER_DTYPES:
             dtype = _NVJET_LETTER_DTYPES[letter]
@@ -534,7 +653,8 @@ def _rule_cuda_core_matrix(name: str, text: str) -> KernelVerdict | None:
 # --- generic evidence anywhere in the name (templated CUTLASS/CuTe, custom kernels) ------
 
 _TC_TOKENS = re.compile(
-    r"mmatensorop|opclasstensorop|tensorop|wmma|gmma|hmma|(?<![a-z])imma(?![a-z])|tcgen05"
+    r"mmatensorop|opclasstensorop|majortensorop|(?<![a-z])(?:bs)?tensorop|wmma|gmma|hmma"
+    r"|(?<![a-z])imma(?![a-z])|tcgen05|(?<![a-z])mfma|(?<![a-z])xdlops"
     r"|(?<![a-z])umma|sm1\d\d_mma|sm(?:75|8\d|9\d|1\d\d)_\d+x\d+x\d+_[a-z0-9]+"
     r"|m16n8k(?:8|16|32)|marlin|tinygemm")
 # CuTe/CUTLASS 3 spell Blackwell MMA classes "Umma" inside camel-case words; lower-cased,

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
-from engine.traces.kernels import KERNEL_CATEGORIES, MATRIX_CATEGORIES
+from engine.traces.kernels import KERNEL_CATEGORIES, LOW_PRECISION_DTYPES, MATRIX_CATEGORIES
 from engine.traces.kernel_table import KernelTable
 from engine.traces.parser import load_trace
 from engine.display import share_text
@@ -289,7 +289,7 @@ def _has_tensor_core_hardware(capability: float | None, groups: list[KernelGroup
 
 def _mixed_precision_run(groups: list[KernelGroup]) -> bool:
     """fp16/bf16/fp8 kernels anywhere: the run used autocast or low-precision tensors."""
-    return any(g.dtype in ("fp16", "bf16", "fp8", "fp4") for g in groups)
+    return any(g.dtype in LOW_PRECISION_DTYPES for g in groups)
 
 
 def _likely_causes(kernels: list[KernelGroup], capability: float | None,
