@@ -4,6 +4,9 @@ concurrent tag commands."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -57,3 +60,35 @@ def test_the_writers_refuse_the_data_directory_through_a_symbolic_link(home, tmp
     write_metrics_file(store, run_id, outside, "csv")
     assert outside.read_bytes().startswith(b"step")
     assert os.listdir(home)  # untouched
+
+
+def test_concurrent_tag_updates_keep_every_tag(home):
+    store = Store(home)
+    run_id = _ended_run(store)
+    count = 12
+    start = threading.Barrier(count)
+
+    def tag(index: int) -> None:
+        own = Store(home)  # its own connections, as each `engine tag` process has
+        start.wait()
+        own.update_tags(run_id, {f"k{index}": str(index)})
+
+    threads = [threading.Thread(target=tag, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert store.get_run(run_id).tags == {f"k{i}": str(i) for i in range(count)}
+
+
+@pytest.mark.slow
+def test_twelve_concurrent_tag_commands_keep_twelve_tags(home):
+    store = Store(home)
+    run_id = _ended_run(store)
+    commands = [subprocess.Popen([sys.executable, "-m", "engine", "tag", run_id, f"k{i}={i}"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                for i in range(12)]
+    for command in commands:
+        _, err = command.communicate(timeout=120)
+        assert command.returncode == 0, err
+    assert store.get_run(run_id).tags == {f"k{i}": str(i) for i in range(12)}

@@ -354,7 +354,7 @@ def _record(row: sqlite3.Row) -> RunRecord:
         pid=row["pid"], pid_create_time=row["pid_create_time"], train_pid=row["train_pid"],
         steps_completed=row["steps_completed"], total_steps=row["total_steps"],
         summary_json=row["summary_json"] or "{}", config_error=config_error,
-        train_pid_create_time=row["train_pid_create_time"], archived=bool(row["archived"]), tags=_tags(row["tags_json"]), note=row["note"] or "")
+        train_pid_create_time=row["train_pid_create_time"], archived=bool(row["archived"]), tags=stored_tags(row["tags_json"]), note=row["note"] or "")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -364,7 +364,8 @@ def _config_from_json(text: str) -> RunConfig:
     return RunConfig.from_json(text)
 
 
-def _tags(text: str | None) -> dict[str, str]:
+def stored_tags(text: str | None) -> dict[str, str]:
+    """A run's tags from their stored JSON ({} for anything else)."""
     try:
         tags = json.loads(text or "{}")
     except ValueError:

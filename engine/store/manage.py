@@ -14,7 +14,7 @@ import shutil
 
 from engine.config import ConfigError
 from engine.schema import ACTIVE_STATUSES
-from engine.store.db import RunNotFound, validate_run_id
+from engine.store.db import RunNotFound, stored_tags, validate_run_id
 
 TAG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,39}$")
 MAX_TAG_VALUE_CHARS = 200
@@ -82,12 +82,21 @@ class ManageMixin:
 
     def update_tags(self, run_id: str, add: dict[str, str] | None = None,
                     remove: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
-        """Add or overwrite `add`, drop the keys in `remove`; the tags afterwards."""
-        tags = dict(self.get_run(run_id).tags)
-        tags.update(add or {})
-        for key in remove:
-            tags.pop(key, None)
-        self.set_tags(run_id, tags)
+        """Add or overwrite `add`, drop the keys in `remove`; the tags afterwards.
+
+        Read and write in one immediate transaction: two `engine tag` commands at once each
+        read the old tags and the later write dropped the earlier one's tag."""
+        validate_run_id(run_id)
+        with self.transaction(immediate=True) as conn:
+            row = conn.execute("SELECT tags_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            tags = stored_tags(row[0])
+            tags.update(add or {})
+            for key in remove:
+                tags.pop(key, None)
+            conn.execute("UPDATE runs SET tags_json = ? WHERE id = ?",
+                         (json.dumps(check_tags(tags), sort_keys=True), run_id))
         return tags
 
     def delete_run(self, run_id: str) -> None:
