@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from engine.display import share_text
+from engine.hardware.cpu_probe import conv_rates, stored_probe
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
 
 MATRIX_PARTS = ("matrix", "attention")
@@ -56,13 +58,31 @@ def gpu_rates(device_name: str | None) -> tuple[str | None, dict[str, float]]:
                  if tflops}
 
 
+def conv_share(accounting: Mapping[str, Any]) -> float:
+    """The share of a CPU step's matrix ops' self time spent in convolutions (the
+    accounting's op table); 0 for a GPU accounting or a step without convolutions."""
+    if accounting.get("kind") != "cpu":
+        return 0.0
+    matrix = [op for op in accounting.get("ops") or [] if op.get("part") == "matrix"]
+    total_us = sum(float(op.get("self_us") or 0.0) for op in matrix)
+    conv_us = sum(float(op.get("self_us") or 0.0) for op in matrix
+                  if "conv" in str(op.get("cpu_op")))
+    return conv_us / total_us if total_us > 0 else 0.0
+
+
 def project_step(accounting: Mapping[str, Any], current_flops: float,
-                 target_flops: float) -> dict[str, Any]:
-    """The Amdahl projection of one step at another matrix rate."""
+                 target_flops: float, conv: tuple[float, float, float] | None = None
+                 ) -> dict[str, Any]:
+    """The Amdahl projection of one step at another matrix rate. `conv`: (share of the
+    matrix time in convolutions, today's conv rate, the target's conv rate): that share
+    projected at the conv rates, the rest at the matmul rates."""
     parts = accounting.get("parts_per_step_us") or {}
     step_us = float(accounting.get("step_time_us") or 0.0)
     matrix_us = sum(float(parts.get(part) or 0.0) for part in MATRIX_PARTS)
-    projected_us = step_us - matrix_us + matrix_us * current_flops / target_flops
+    share, conv_current, conv_target = conv or (0.0, 1.0, 1.0)
+    conv_us, matmul_us = matrix_us * share, matrix_us * (1.0 - share)
+    projected_us = (step_us - matrix_us + matmul_us * current_flops / target_flops
+                    + conv_us * conv_current / conv_target)
     return {"step_us": step_us, "matrix_us": matrix_us, "projected_step_us": projected_us,
             "speedup": step_us / projected_us if projected_us > 0 else None,
             "untouched_share": (step_us - matrix_us) / step_us if step_us > 0 else None}
@@ -96,43 +116,72 @@ def projection_words(target: Mapping[str, Any], accounting: Mapping[str, Any]) -
             f"({_untouched_parts(accounting)}) no precision change touches.")
 
 
-def _target(accounting, label, kind, current_flops, target_flops, basis) -> dict[str, Any]:
+def _target(accounting, label, kind, current_flops, target_flops, basis,
+            conv: tuple[float, float, float] | None = None) -> dict[str, Any]:
     entry = {"target": label, "kind": kind, "target_flops_per_s": target_flops,
-             "basis": basis, **project_step(accounting, current_flops, target_flops)}
+             "basis": basis, **project_step(accounting, current_flops, target_flops, conv)}
     entry["words"] = projection_words(entry, accounting)
     return entry
 
 
 def projection(result: Mapping[str, Any],
-               measured_rates: Mapping[str, float] | None = None) -> dict[str, Any]:
+               measured_rates: Mapping[str, float] | None = None,
+               op_rates: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """Every projection a trace's analysis (engine.traces.explain.analyze) supports, or
     why none: {"current": {...}, "targets": [...], "assumes": ASSUMPTION} or {"none": why}.
 
     `measured_rates`: {dtype: FLOP/s} this device's stored matmul rates (a CPU run; a GPU
-    run on this machine), used before the catalogue's."""
+    run on this machine), used before the catalogue's. `op_rates`: {"matmul" | "conv":
+    {dtype: FLOP/s}} this CPU's oneDNN probe (engine.hardware.cpu_probe): a CPU step's
+    convolutions are projected at the conv rate, not the matmul rate (an fp16 conv in
+    oneDNN's reference code can be 40x slower than fp32 where the fp16 matmul is not)."""
     accounting = result.get("accounting") or {}
     if not accounting.get("step_time_us"):
         return {"none": "no step time in this trace: nothing to project"}
     dtype = current_dtype(result)
     if dtype is None:
         return {"none": "the matrix work's dtype is not known (no matrix kernels or ops)"}
-    if accounting.get("kind") == "gpu":
+    is_cpu = accounting.get("kind") != "gpu"
+    probe_matmul = dict((op_rates or {}).get("matmul") or {}) if is_cpu else {}
+    if not is_cpu:
         row, rates = gpu_rates(result.get("device"))
         rates = {**rates, **(measured_rates or {})}
         where = f"the {row} datasheet" if row else "this device's measured matmul rates"
-    else:
+    elif dtype in (measured_rates or {}):
         row, rates = None, dict(measured_rates or {})
         where = "this CPU's measured matmul rates"
+    else:
+        row, rates = None, probe_matmul
+        where = "this CPU's oneDNN probe"
     if dtype not in rates:
         return {"none": f"today's {dtype} matrix rate on {result.get('device') or 'this device'}"
                         " is not known (not catalogued, not measured here)"}
     current = rates[dtype]
-    targets = [_target(accounting, f"{other} on this device", "dtype", current, flops,
-                       f"{other} {rate_words(flops)} vs {dtype} {rate_words(current)}, "
-                       f"from {where}" + (EMULATED_NOTE if accounting.get("kind") == "cpu"
-                                          and flops < current * 0.1 else ""))
-               for other, flops in rates.items() if other != dtype and other in DTYPES]
-    if accounting.get("kind") == "gpu" and row:
+    if is_cpu:  # a dtype only the probe measured: its matmul rates, today's from there too
+        for other, flops in probe_matmul.items():
+            rates.setdefault(other, flops * current / probe_matmul[dtype]
+                             if dtype in probe_matmul else flops)
+    share = conv_share(accounting)
+    conv_rate = dict((op_rates or {}).get("conv") or {})
+    targets = []
+    for other, flops in rates.items():
+        if other == dtype or other not in DTYPES:
+            continue
+        basis = (f"{other} {rate_words(flops)} vs {dtype} {rate_words(current)}, from {where}"
+                 + (EMULATED_NOTE if is_cpu and flops < current * 0.1 else ""))
+        conv = None
+        if share > 0 and dtype in conv_rate and other in conv_rate:
+            conv = (share, conv_rate[dtype], conv_rate[other])
+            basis += (f"; convolutions ({share_text(share)} of the matrix time) at the conv "
+                      f"rate: {other} {rate_words(conv_rate[other])} vs {dtype} "
+                      f"{rate_words(conv_rate[dtype])}, from this CPU's oneDNN probe")
+        elif share > 0:
+            basis += (f"; convolutions ({share_text(share)} of the matrix time) at the "
+                      "matmul rate: no conv rate measured here (`python -m engine check` "
+                      "runs the oneDNN probe)")
+        targets.append(_target(accounting, f"{other} on this device", "dtype", current,
+                               flops, basis, conv))
+    if not is_cpu and row:
         for other_row, figures in DATASHEET_TFLOPS.items():
             if other_row != row and figures.get(dtype):
                 flops = figures[dtype] * 1e12
@@ -140,9 +189,22 @@ def projection(result: Mapping[str, Any],
                                        flops, f"{other_row} {dtype} {rate_words(flops)} vs "
                                        f"{row} {rate_words(current)} (datasheets): another "
                                        "GPU's matrix rate only"))
-    return {"current": {"dtype": dtype, "flops_per_s": current, "device": result.get("device"),
-                        "basis": where},
-            "targets": targets, "assumes": ASSUMPTION}
+    today = {"dtype": dtype, "flops_per_s": current, "device": result.get("device"),
+             "basis": where}
+    if is_cpu:
+        today["conv_share"] = share
+    return {"current": today, "targets": targets, "assumes": ASSUMPTION}
+
+
+def run_op_rates(run) -> dict[str, dict[str, float]]:
+    """{op: {dtype: FLOP/s}} of a CPU run: what its window stored from this machine's
+    oneDNN probe, else the probe stored here now (a JSON file: no torch)."""
+    if run is None or str(run.device_key).startswith("cuda") or "@" in str(run.device_key):
+        return {}
+    stored = (run.summary.get("cpu_evidence") or {}).get("probe_rates")
+    if stored:
+        return stored
+    return conv_rates(stored_probe(run.device_key, run.device_name or ""))
 
 
 def run_projection(result: dict, run, read_cache: bool = True) -> dict:
@@ -155,7 +217,7 @@ def run_projection(result: dict, run, read_cache: bool = True) -> dict:
     rates = run.summary.get("matmul_rates")
     if rates is None and read_cache:
         rates = measured_rates(run.device_key)
-    return projection(result, rates)
+    return projection(result, rates, run_op_rates(run))
 
 
 def summary_projection(run) -> dict:

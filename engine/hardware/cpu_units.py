@@ -136,3 +136,39 @@ def unit_for_isa(isa: str, dtype: str) -> CpuMatrixUnit | None:
         # the AVX-512 FP16 vector units: the tiles do bf16 only.
         return cpu_matrix_unit(frozenset({"avx512f", "avx512_fp16", "amx_bf16"}), "fp16")
     return unit
+
+
+# ---------------------------------------------------------------------------------------
+# what one oneDNN implementation ran on (a run's or a probe's verbose log)
+
+REFERENCE_UNIT = "oneDNN reference code (not vectorised)"
+
+
+def is_reference_implementation(implementation: str) -> bool:
+    """oneDNN's reference C++ code (`ref:any`, `ref_fused_convolution:any`, `gemm:ref`...):
+    plain loops, no vector or matrix unit; far slower than any jit or brgemm kernel."""
+    tokens = implementation.lower().replace(":", "_").split("_")
+    return "ref" in tokens
+
+
+def implementation_isa(implementation: str) -> str:
+    """The ISA part of a oneDNN implementation name: `brgconv_bwd_w:avx10_1_512_amx` ->
+    `avx10_1_512_amx`, `jit:avx2` -> `avx2`; `x64:gemm:jit` (a jit sgemm, no ISA named) and
+    `ref:any` keep their last field."""
+    return implementation.rsplit(":", 1)[-1] if ":" in implementation else implementation
+
+
+def implementation_unit(implementation: str, dtype: str) -> str:
+    """What an implementation that ran `dtype` (fp32 | bf16 | fp16 | ...) work ran on,
+    in the words of the device card: the native unit, conversion code, or reference code."""
+    if is_reference_implementation(implementation):
+        return REFERENCE_UNIT
+    isa = implementation_isa(implementation)
+    if dtype in ("bf16", "fp16"):
+        unit = unit_for_isa(isa, dtype)
+        return unit.unit if unit is not None else f"{isa} ({dtype} converted to fp32)"
+    if dtype == "fp32":
+        vector = ("AVX-512" if "avx512" in isa or "avx10" in isa else
+                  "AVX2" if "avx2" in isa else None)
+        return f"{vector} vector units (fp32 FMA)" if vector else f"vector units ({isa})"
+    return isa
