@@ -146,7 +146,11 @@ def hand_off(run_id: str, home: Path) -> StandbyTrainer | None:
     if not reply or "pid" not in reply:
         conn.close()
         return None
-    trainer = StandbyTrainer(conn, int(reply["pid"]))
+    trainer_pid = _trainer_pid(conn, reply["pid"])
+    if trainer_pid is None:
+        conn.close()  # a real standby sees the supervisor gone and ends its child
+        return None
+    trainer = StandbyTrainer(conn, trainer_pid)
     trainer._buffer = reply.get("_rest", b"")
     return trainer
 
@@ -159,8 +163,11 @@ def ping(home: Path) -> int | None:
     try:
         _send(conn, {"ping": True})
         reply = _read_message(conn, b"", time.monotonic() + CONNECT_TIMEOUT_S)
-        return int(reply["pong"]) if reply and "pong" in reply else None
-    except OSError:
+        if not reply or "pong" not in reply:
+            return None
+        # The pid the kernel says is at the other end, not the one the peer names.
+        return _peer_credentials(conn)[0]
+    except (OSError, ValueError):
         return None
     finally:
         conn.close()
@@ -264,15 +271,55 @@ def ensure(store: Store) -> int | None:
 
 
 def _connect(home: Path) -> socket.socket | None:
+    """A connection to this data directory's standby, or None.
+
+    The socket's name is public (an abstract name anyone on the machine can bind first),
+    so the listener must prove it is ours: SO_PEERCRED gives the uid the kernel knows, and
+    a listener of another user is refused (it could name any pid as "the trainer", and a
+    stop would signal that process)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CONNECT_TIMEOUT_S)
     try:
         conn.connect(socket_name(home))
+        _pid, uid, _gid = _peer_credentials(conn)
     except OSError:  # nobody listening (ECONNREFUSED) or a stuck standby (timeout)
+        conn.close()
+        return None
+    if uid != os.getuid():
+        print(f"warning: the standby socket for {home} is held by uid {uid}, not this user "
+              f"(uid {os.getuid()}); not used", file=sys.stderr, flush=True)
         conn.close()
         return None
     conn.settimeout(None)
     return conn
+
+
+def _trainer_pid(conn: socket.socket, named) -> int | None:
+    """The trainer pid a standby named, when it is that standby's own child (the pid at
+    the other end of `conn`, from the kernel); None otherwise: an impostor could name any
+    process, and the supervisor signals the pid it was given."""
+    try:
+        pid = int(named)
+        standby_pid = _peer_credentials(conn)[0]
+    except (TypeError, ValueError, OSError):
+        return None
+    if pid <= 1 or parent_pid(pid) != standby_pid:
+        print(f"warning: the standby (pid {standby_pid}) named pid {pid} as its trainer, "
+              "which is not its child; starting a trainer here instead", file=sys.stderr,
+              flush=True)
+        return None
+    return pid
+
+
+def parent_pid(pid: int) -> int | None:
+    """`pid`'s parent from /proc (None when it is gone)."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; cut at the last ")".
+    fields = stat_text[stat_text.rfind(")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
@@ -317,10 +364,14 @@ def _preload() -> None:
     import engine.training.loop  # noqa: F401
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel recorded them."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
+    return struct.unpack("3i", creds)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    return _peer_credentials(conn)[1]
 
 
 def serve(home: Path) -> int:
