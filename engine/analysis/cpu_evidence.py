@@ -24,7 +24,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from engine.config import COMPUTE_DTYPES, Precision
 from engine.display import share_text
+from engine.hardware.cpu_probe import PROBE_DTYPES, probe_for_dtype
 from engine.hardware.cpu_units import (
     EMULATED as FLAGS_EMULATED,
     NATIVE as FLAGS_NATIVE,
@@ -371,14 +373,26 @@ def probe_words(probe_dtype: Mapping[str, Any] | None, dtype: str) -> tuple[str 
     if share is not None and share >= REFERENCE_DOMINATES:
         words = reference_words(table, share, where=" in this machine's probe")
         return words + (f" (probe: {speed})" if speed else ""), "emulated"
-    impls = "; ".join(f"{row['label'].removeprefix('convolution ')} {row['implementation']}"
-                      for row in table)
-    ran = (f"oneDNN ran {impls}" if impls else
-           f"no oneDNN {dtype} primitive ran its matmul or convolution (ATen's own code)")
+    ran = "; ".join(_op_ran(op, [row for row in table if _op_of(row["kind"]) == op], dtype)
+                    for op in ops)
     slow = any(ratio and ratio < FAR_SLOWER_RATIO for ratio in speeds.values())
     tone = "emulated" if slow and dtype != "fp32" else ""
     return (f"{ran}" + (f"; {speed}" if speed else "")
             + ("; expect far slower than fp32" if tone else "")), tone
+
+
+def _op_of(kind: str) -> str:
+    return "matmul" if kind == "matmul" else "conv"
+
+
+def _op_ran(op: str, rows: list[dict[str, Any]], dtype: str) -> str:
+    """"conv: forward jit:avx2, backward data jit:avx2, ..." or "matmul: no oneDNN
+    primitive (MKL or ATen's own code)"."""
+    if not rows:
+        return f"{op}: no oneDNN {dtype} primitive (MKL or ATen's own code)"
+    return f"{op}: " + ", ".join(
+        f"{row['label'].removeprefix('convolution ').removeprefix('matmul / ')} "
+        f"{row['implementation']}" for row in rows)
 
 
 def _speed_text(ratio: float) -> str:
@@ -421,3 +435,14 @@ def cpu_mode_words(cpu_flags: frozenset[str], dtype: str,
                      "oneDNN probe)")
     return {"dtype": dtype, "status": unit.status, "tone": tone, "known": known,
             "measured": measured, "source": source, "reference_share": share, "words": words}
+
+
+def device_mode_words(device, mode: str) -> dict[str, Any] | None:
+    """`cpu_mode_words` for a precision mode on a CPU device (engine.hardware.devices
+    .DeviceInfo), with this machine's stored oneDNN probe; None for a GPU. Reads a JSON
+    file, never measures: the pages call it."""
+    if getattr(device, "kind", "cpu") != "cpu":
+        return None
+    dtype = COMPUTE_DTYPES[Precision(mode)]
+    probe = probe_for_dtype(device.key, device.name, dtype) if dtype in PROBE_DTYPES else None
+    return cpu_mode_words(device.cpu_flags, dtype, probe)

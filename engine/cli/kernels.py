@@ -93,6 +93,12 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
             result = analyze(targets[0][0], step=args.step,
                              cpu_evidence=run.summary.get("cpu_evidence") if run else None)
             result["projection"] = run_projection(result, run)  # analysis.whatif
+            if (result.get("accounting") or {}).get("kind") == "cpu":
+                # late: as analyze; a CPU trace's verdict is oneDNN's evidence, not kernels
+                from engine.analysis.cpu_evidence import kernels_verdict
+
+                result["cpu_evidence"] = run.summary.get("cpu_evidence") if run else None
+                result["verdict"] = kernels_verdict(result["cpu_evidence"])
     except ValueError as exc:  # unreadable / missing / not a trace / no such step: names the path
         from engine.traces.accounting import StepNotInTrace  # late: as analyze above
 
@@ -272,6 +278,9 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
     lines.append(f"Device: {device}{suffix}")
     banner = summary.get("banner") or {}
     lines.append(banner.get("headline") or summary["verdict"]["headline"])
+    witness = summary.get("rate_witness")
+    if witness:
+        lines.append(f"The rates {witness['witness']}: {witness['why']}")
     if summary.get("bound_by"):
         lines.append(f"{summary['bound_by']['sentence']}")
         lines += [f"  try: {advice}" for advice in summary["bound_by"]["advice"]]
@@ -296,6 +305,7 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
         lines.append(f"{_ms(kernel['total_us']):>10} {kernel['count']:>6}  "
                      f"{kernel['tensor_core']:<7} {kernel['dtype'] or '-':<9} "
                      f"{kernel['category']:<15} {_clip(kernel['name'], name_width)}")
+    lines += format_op_rates(summary)
     if summary["could_have_didnt"]:
         lines += ["", "Matrix ops that ran without Tensor Cores"]
         for entry in summary["could_have_didnt"]:
@@ -304,6 +314,32 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
                          f"e.g. {_clip(entry['kernels'][0], 70)}")
             lines += [f"    - {cause}" for cause in entry["likely_causes"]]
     return "\n".join(lines) + "\n"
+
+
+def _rate(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def format_op_rates(summary: dict, limit: int = 15) -> list[str]:
+    """Per-op FLOPs and achieved rates (the recorded shapes' arithmetic), largest time first."""
+    rows = summary.get("op_rates") or []
+    if not rows:
+        note = summary.get("op_rates_note")
+        return ["", f"Per-op rates: {note}"] if note else []
+    lines = ["", f"Per-op rates ({rows[0]['time_basis']} time; share of the "
+                 f"{rows[0]['peak_kind'] or 'no'} peak for the dtype)",
+             f"{'calls':>6} {'GFLOP/call':>11} {'time_ms':>9} {'TFLOP/s':>9} {'TB/s':>7} "
+             f"{'FLOP/B':>7} {'of peak':>8} {'bound':<8} {'dtype':<6} op shape"]
+    for row in rows[:limit]:
+        lines.append(
+            f"{row['calls']:>6} {row['flops_per_call'] / 1e9:>11.4f} "
+            f"{_ms(row['kernel_us']):>9} {_rate(row['tflops_per_s']):>9} "
+            f"{_rate(row['tb_per_s'], 3):>7} {_rate(row['flop_per_byte'], 1):>7} "
+            f"{_pct(row['share_of_peak']):>8} {row['bound'] or 'n/a':<8} "
+            f"{row['compute_dtype']:<6} {row['op']} {row['shape']}")
+    if len(rows) > limit:
+        lines.append(f"  ... {len(rows) - limit} more in --json (op_rates)")
+    return lines
 
 
 def _scope(summary: dict) -> str:
@@ -376,16 +412,32 @@ def _parts_lines(accounting: dict) -> list[str]:
     return lines
 
 
+def _cpu_kind_lines(evidence: dict | None) -> list[str]:
+    """oneDNN's matrix time per kind of op: the implementation that ran most of it, and
+    the share in reference code (engine.analysis.cpu_evidence.kind_table)."""
+    rows = (evidence or {}).get("by_kind") or []
+    if not rows:
+        return []
+    lines = ["", f"oneDNN matrix time by kind of op (reference code: "
+                 f"{_pct(evidence.get('reference_share'))} of it)",
+             f"  {'kind':<30}{'time_ms':>10}{'share':>9}  implementation (unit)"]
+    lines += [f"  {row['label']:<30}{_ms(row['exec_ms'] * 1000):>10}{_pct(row['share']):>9}  "
+              f"{row['src_dtype']} {row['implementation']} ({row['unit']})" for row in rows]
+    return lines
+
+
 def format_cpu_accounting(summary: dict) -> list[str]:
     accounting, verdict = summary["accounting"], summary["bound_by"]
     window = accounting["window"]
     lines = ["Device: CPU (no GPU kernels: the CPU ops' self time is the evidence)",
+             (summary.get("verdict") or {}).get("headline") or "CPU matrix unit: unknown",
              f"Window {_ms(accounting['window_us'])} ms ({window['source']}, "
              f"{window['step_count']} step(s), {_ms(accounting['step_time_us'])} ms each); "
              f"casts (aten::to/_to_copy/copy_) {_pct(accounting['cast_share'])} of it",
              verdict["sentence"]]
     lines += [f"  try: {advice}" for advice in verdict["advice"]]
     lines += ["", "Step time by part (per step; idle = outside any op)"] + _parts_lines(accounting)
+    lines += _cpu_kind_lines(summary.get("cpu_evidence"))
     if accounting["matrix_ops"]:
         lines += ["", "Matrix ops and the oneDNN primitive behind them"]
         lines += [f"  {row['cpu_op']}: {_ms(row['self_us'])} ms self, {row['onednn']}"

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose
-from engine.hardware.devices import read_cpu_flags
+from engine.hardware.cpu_probe import conv_rates, stored_probe
+from engine.hardware.devices import get_device, read_cpu_flags
 from engine.store import Store
 
 NO_KERNELS_ERROR = ("the profiler recorded no GPU kernel events on a CUDA run: CUPTI "
@@ -46,7 +47,7 @@ def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path 
     if device_key.startswith("cuda") and trace_path is not None:
         summary.update(_gpu_kernels(store, run_id, trace_path))
     if onednn_log_path is not None:
-        summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype)
+        summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype, device_key)
     if trace_path is not None and trace_path.exists() and "profile_error" not in summary:
         summary["explain"] = _explain(trace_path, summary.get("cpu_evidence"))
     store.merge_summary(run_id, summary)
@@ -96,10 +97,21 @@ def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     return {"kernels": {key: result.get(key) for key in keep}}
 
 
-def _cpu_evidence(log_path: Path, compute_dtype: str) -> dict[str, Any]:
+def _cpu_evidence(log_path: Path, compute_dtype: str, device_key: str = "cpu"
+                  ) -> dict[str, Any]:
     try:
         text = log_path.read_text(errors="replace")
     except OSError as exc:
         return {"verdict": "unknown", "headline": f"oneDNN log unreadable: {exc.strerror}",
                 "evidence": []}
-    return cpu_verdict(parse_onednn_verbose(text), compute_dtype, read_cpu_flags())
+    evidence = cpu_verdict(parse_onednn_verbose(text), compute_dtype, read_cpu_flags())
+    # The per-op rates this machine's oneDNN probe stored (none measured here: the probe
+    # is doctor's and the device check's), kept with the run for its what-if.
+    try:
+        device = get_device(device_key)
+    except KeyError:
+        return evidence
+    rates = conv_rates(stored_probe(device.key, device.name))
+    if any(rates.values()):
+        evidence["probe_rates"] = rates
+    return evidence
