@@ -91,8 +91,9 @@ def achieved_vs_peak_figure(result: dict) -> go.Figure | None:
     fig.add_bar(name="achieved", x=dtypes, y=[l["value"] for l in lines],
                 text=[f"{l['value']:,.3g}" for l in lines], textposition="outside")
     if any(l["peak"] for l in lines):
-        fig.add_bar(name="datasheet peak", x=dtypes, y=[l["peak"] for l in lines],
-                    marker_color="lightgray")
+        is_cpu = result["device"].get("kind") == "cpu"  # a CPU's peak is its ISA peak
+        fig.add_bar(name="ISA peak" if is_cpu else "datasheet peak", x=dtypes,
+                    y=[l["peak"] for l in lines], marker_color="lightgray")
     values = [l["value"] for l in lines if l["value"]]
     log_y = len(values) > 1 and max(values) / max(min(values), 1e-12) > 20
     fig.update_layout(barmode="group", height=360, margin=dict(l=10, r=10, t=40, b=10),
@@ -131,6 +132,24 @@ def _kernel_evidence(line: dict) -> None:
         st.caption(f"NVML GPM: {line['gpm_note']}")
 
 
+def cpu_evidence(result: dict, lines: list[dict]) -> None:
+    """Per dtype, the oneDNN implementation that ran its matmul and convolution in the
+    probe (engine.diagnostics.onednn_probe), as a GPU check shows kernel names."""
+    st.subheader("oneDNN evidence")
+    st.caption("Which oneDNN implementation ran a small matmul and a convolution forward + "
+               "backward in each dtype on this CPU (oneDNN's verbose report): the flags say "
+               "what the CPU could do, this says what it did.")
+    if result.get("onednn_probe_error"):
+        st.warning(plain(result["onednn_probe_error"]))
+    for line in lines:
+        title = f"{line['dtype']}: " + ("reference code or far slower than fp32"
+                                        if line.get("cpu_tone") == "emulated"
+                                        else "oneDNN implementations")
+        details(title, f"check_onednn_{line['dtype']}", lambda line=line: st.dataframe(
+            pd.DataFrame(line["kernels"]).drop(columns=["tensor_core"], errors="ignore"),
+            hide_index=True, width="stretch", placeholder=NA))
+
+
 def _n(value) -> str:
     return "n/a" if value is None else f"{value:,.0f}"
 
@@ -150,8 +169,15 @@ def show_result(result: dict) -> None:
         if not any(l["peak"] for l in result["lines"]):
             st.caption("No datasheet peak for this device: the bars compare the dtypes with "
                        "each other (a CPU's real peak is what it measures).")
+        elif result["device"].get("kind") == "cpu":
+            peak_source = next((l.get("peak_source") for l in result["lines"]
+                                if l.get("peak_source")), "")
+            st.caption(plain(f"The peak is this CPU's {peak_source}, the one Live's MFU "
+                             "uses."))
     kernel_lines = [l for l in result["lines"] if l.get("kernels")]
-    if kernel_lines:
+    if kernel_lines and result["device"].get("kind") == "cpu":
+        cpu_evidence(result, kernel_lines)
+    elif kernel_lines:
         st.subheader("Kernel evidence")
         for line in kernel_lines:
             details(f"{line['dtype']}: Tensor Cores {line.get('tensor_core', 'unknown')}"

@@ -7,6 +7,7 @@ import os
 import streamlit as st
 
 from engine.admission import check_parallel, max_procs_for
+from engine.analysis.cpu_evidence import mode_words
 from engine.architectures import HOME_MADE_TASKS, IMAGE, is_token_model, missing_extra, task_of
 from engine.config import (
     MAX_SPEEDUP_MODES,
@@ -36,10 +37,12 @@ from pages.ui import (
     PREFILL_KEY,
     RELAUNCHED_KEY,
     NumberInputs,
+    address_text,
     cached_devices,
     details,
     ensure_app_shell,
     get_store,
+    id_in_address,
     open_in_live,
     plain,
 )
@@ -114,12 +117,14 @@ def _prefill_from_url() -> dict | None:
     if not wanted or st.session_state.get(RELAUNCHED_KEY) == wanted:
         return None
     st.session_state[RELAUNCHED_KEY] = wanted
+    if id_in_address(RELAUNCH_PARAM) is None:  # malformed: named as text there
+        return None
     try:
         run = store.get_run(wanted)
     except RunNotFound:
         st.warning("The run in this page's address does not exist here (deleted, or from "
                    "another data directory): nothing was filled in.")
-        st.code(wanted, language=None)  # as text: it comes from the URL
+        st.code(address_text(wanted), language=None)  # as text: it comes from the URL
         return None
     return {"run_id": run.id, "config": run.config.to_dict()}
 
@@ -164,13 +169,15 @@ with left:
     size = st.selectbox("Size", choices(ModelSize), key="size", help=field_doc("size"),
                         disabled=model not in HOME_MADE_TASKS)
     support = {mode: mode_support(device, Precision(mode)) for mode in choices(Precision)}
+    # the one wording of each mode here (a CPU's: flags apart from its oneDNN probe)
+    meaning = {mode: mode_words(device, mode) for mode in choices(Precision)}
     precision = st.selectbox(
         "Precision", choices(Precision), key="precision",
         index=choices(Precision).index(DEFAULTS.precision),
         # The status in words: a select box draws no colour, and a glyph needs an emoji font.
         format_func=lambda m: PRECISION_LABELS[Precision(m)]
         + (" (not on this device)" if support[m].status == UNSUPPORTED
-           else f" ({support[m].status})"))
+           else f" ({meaning[m]['badge']})"))
     batch_size = numbers.number("Batch size", "batch_size", step=1, value=DEFAULTS.batch_size,
                                 key="batch_size", help=field_doc("batch_size"))
     steps = numbers.number("Steps", "steps", step=10, value=DEFAULTS.steps, key="steps",
@@ -266,14 +273,16 @@ with st.expander("Loss scaling, logging and profiling"):
     name = st.text_input("Label (optional)", max_chars=80, key="name")
 
 chosen = support[precision]
+chosen_words = meaning[precision]
 # What this device does with the mode comes first; fp8 tuning advice only after it (and,
 # where fp8 cannot run at all, as a note for the GPU it would run on).
 if chosen.status == UNSUPPORTED:
     st.error(f"**{precision}** cannot run on {plain(device.name)}: {plain(chosen.reason)}")
-elif chosen.status != "native":
-    st.warning(f"**{precision}** on {plain(device.name)} is {chosen.status}: {plain(chosen.reason)}")
+elif chosen.status != "native" or chosen_words["tone"] == "emulated":
+    st.warning(f"**{precision}** on {plain(device.name)} is {chosen_words['badge']}: "
+               f"{plain(chosen_words['words'])}")
 else:
-    st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen.reason)}")
+    st.info(f"**{precision}** on {plain(device.name)}: {plain(chosen_words['words'])}")
 if precision == Precision.FP8.value:
     from engine.training.fp8_advice import fp8_advice  # the model's GEMM shapes import torch
 
@@ -431,5 +440,5 @@ with aa_col:
 # Built only while open: a table is Streamlit's first use of pandas, and importing it is
 # 0.4 s of a new server's first page (Launch, usually) on a 2-core machine.
 details(f"Precision modes on {plain(device.name)}", "launch_mode_table",
-        lambda: st.table([{"mode": m, "status": s.status, "why": s.reason}
-                          for m, s in support.items()]))
+        lambda: st.table([{"mode": m, "status": meaning[m]["badge"], "why": meaning[m]["words"]}
+                          for m in support]))

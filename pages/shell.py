@@ -10,8 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.support import torch_support
+from engine.analysis.cpu_evidence import mode_words
 from engine.display import memory_text
+from engine.support import torch_support
 from pages.ui import MODE_COLOURS, SHELL_KEY, cached_devices, coloured, plain
 
 PAGES = [
@@ -55,6 +56,8 @@ def device_card() -> None:
             memory = memory_text(dev.memory_bytes)
             st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
             with st.expander("What each precision mode means here", expanded=False):
-                for mode, support in dev.modes.items():
-                    st.markdown(f"**{mode}** {coloured(support.status, MODE_COLOURS.get(support.status))}: "
-                                f"{support.reason}")
+                for mode in dev.modes:
+                    words = mode_words(dev, mode)  # a CPU's: flags apart from the probe
+                    colour = MODE_COLOURS.get(words["tone"], MODE_COLOURS.get(words["status"]))
+                    st.markdown(f"**{mode}** {coloured(words['badge'], colour)}: "
+                                f"{plain(words['words'])}")

@@ -29,13 +29,20 @@ from engine.display import share_text
 from engine.hardware.cpu_probe import PROBE_DTYPES, probe_for_dtype
 from engine.hardware.cpu_units import (
     EMULATED as FLAGS_EMULATED,
+)
+from engine.hardware.cpu_units import (
     NATIVE as FLAGS_NATIVE,
+)
+from engine.hardware.cpu_units import (
     UNSUPPORTED as FLAGS_UNSUPPORTED,
+)
+from engine.hardware.cpu_units import (
     cpu_matrix_unit,
     implementation_unit,
     is_reference_implementation,
     unit_for_isa,
 )
+from engine.hardware.devices import mode_support
 
 MATRIX_PRIMITIVES = ("matmul", "inner_product", "convolution", "deconvolution")
 _DTYPE_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "s8": "int8", "u8": "int8",
@@ -446,3 +453,23 @@ def device_mode_words(device, mode: str) -> dict[str, Any] | None:
     dtype = COMPUTE_DTYPES[Precision(mode)]
     probe = probe_for_dtype(device.key, device.name, dtype) if dtype in PROBE_DTYPES else None
     return cpu_mode_words(device.cpu_flags, dtype, probe)
+
+
+MEASURED_SLOW = "native by its flags, slow here (measured)"
+
+
+def mode_words(device, mode: str) -> dict[str, Any]:
+    """What a precision mode means on a device, for every surface before a run (doctor,
+    the device card, Launch, the check): {"status" (native | emulated | unsupported, from
+    engine.hardware.devices), "badge" (the status, or MEASURED_SLOW where this CPU's probe
+    saw reference code or a far slower op), "tone", "words"}. A GPU's words are its mode
+    support's reason; a CPU's are `cpu_mode_words` (flags apart from the probe)."""
+    support = mode_support(device, Precision(mode))
+    cpu = device_mode_words(device, mode)
+    if cpu is None:
+        return {"status": support.status, "badge": support.status, "tone": support.status,
+                "words": support.reason}
+    badge = (MEASURED_SLOW if support.status == FLAGS_NATIVE and cpu["tone"] == "emulated"
+             else support.status)
+    return {"status": support.status, "badge": badge, "tone": cpu["tone"],
+            "words": cpu["words"]}

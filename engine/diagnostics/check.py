@@ -25,8 +25,10 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from engine.traces.kernels import classify_kernel
+from engine.analysis.cpu_evidence import cpu_mode_words, kind_table
 from engine.config import ConfigError, Precision
+from engine.diagnostics.onednn_probe import refresh_probe
+from engine.hardware.contention import ContentionProbe
 from engine.hardware.devices import (
     EMULATED,
     NATIVE,
@@ -39,12 +41,12 @@ from engine.hardware.devices import (
     resolve_device_key,
     torch_build,
 )
-from engine.hardware.contention import ContentionProbe
 from engine.hardware.gpus import datasheet_row
 from engine.hardware.nvml import nvml_index, nvml_unavailable_reason
 from engine.hardware.peaks import (
     COMPUTE_DTYPES,
     _sync,
+    isa_peak,
     matmul_operands,
     measure_matmul,
     peak_for,
@@ -53,6 +55,7 @@ from engine.hardware.peaks import (
 )
 from engine.hardware.telemetry import gpm_tensor_util, nvml_snapshot
 from engine.proc import PROJECT_ROOT
+from engine.traces.kernels import classify_kernel
 
 OK, SLOW, NOT_SUPPORTED, SKIPPED = "ok", "slow", "not supported", "skipped"
 VERDICTS = (OK, SLOW, NOT_SUPPORTED, SKIPPED)
@@ -260,13 +263,16 @@ def run_check(device_key: str, progress: ProgressFn | None = None,
     supports = {dtype: dtype_support(dev, dtype) for dtype in dtypes}
     weights = {f"matmul {d}": 1.0 for d in dtypes if supports[d].status != UNSUPPORTED}
     weights["memory copy"] = 0.5
+    if dev.kind == "cpu":
+        weights["onednn probe"] = 1.0
     budget = _Budget(float(time_budget_s), weights, progress)
     budget.report(0.0, f"checking {dev.name}")
 
     lines: list[dict[str, Any]] = []
     fp32_value = None
+    probe, probe_error = _cpu_probe(dev, budget)
     for dtype in dtypes:
-        line = _matmul_line(dev, dtype, supports[dtype], budget, fp32_value)
+        line = _matmul_line(dev, dtype, supports[dtype], budget, fp32_value, probe)
         if dtype == "fp32":
             fp32_value = line["value"]
         lines.append(line)
@@ -279,6 +285,7 @@ def run_check(device_key: str, progress: ProgressFn | None = None,
         "nvml": nvml,
         "nvml_reason": nvml_reason,
         "no_gpu_reason": no_gpu_reason() if dev.kind == "cpu" else None,
+        "onednn_probe_error": probe_error,
         "time_budget_s": float(time_budget_s),
         "elapsed_s": round(budget.elapsed_s(), 3),
     }
@@ -316,8 +323,49 @@ def _line(test: str, dtype: str | None, unit: str, verdict: str, reason: str,
     return line
 
 
+def _cpu_probe(dev: DeviceInfo, budget: _Budget) -> tuple[dict | None, str | None]:
+    """The oneDNN probe, run again and stored (the check refreshes it as it does the
+    peaks): which implementation ran each dtype's matmul and convolution here."""
+    if dev.kind != "cpu":
+        return None, None
+    budget.begin("onednn probe", "oneDNN probe: which implementation runs each dtype")
+    try:
+        return refresh_probe(dev.key, dev.name, source="device check"), None
+    except Exception as exc:  # noqa: BLE001 - the matmul lines stand without it
+        return None, f"oneDNN probe failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    finally:
+        budget.end("onednn probe")
+
+
+def cpu_evidence_rows(probe_dtype: dict | None) -> list[dict[str, Any]]:
+    """A CPU check line's evidence, in the shape of a GPU line's kernel rows (`name`
+    first, the slowest first): per kind of op the oneDNN implementation that ran it in the
+    probe, the unit that is, its time and the op's speed against fp32."""
+    ops = (probe_dtype or {}).get("ops") or {}
+    speeds = (probe_dtype or {}).get("speed_vs_fp32") or {}
+    rows = []
+    for op, measured in ops.items():
+        table = kind_table(measured.get("primitives") or [])
+        if not table and "error" not in measured:
+            rows.append({"name": f"{op}: no oneDNN primitive (MKL or ATen's own code)",
+                         "kind": op, "implementation": None,
+                         "unit": "MKL or ATen's own code", "total_us": _us(measured.get("wall_ms")),
+                         "speedup_vs_fp32": speeds.get(op), "tensor_core": "n/a (CPU)"})
+        rows += [{"name": f"{row['label']}: {row['src_dtype']} {row['implementation']} "
+                          f"({row['unit']})",
+                  "kind": row["label"], "implementation": row["implementation"],
+                  "unit": row["unit"], "total_us": _us(row["exec_ms"]),
+                  "speedup_vs_fp32": speeds.get(op), "tensor_core": "n/a (CPU)"}
+                 for row in table]
+    return sorted(rows, key=lambda row: row["total_us"] or 0.0, reverse=True)
+
+
+def _us(ms: float | None) -> float | None:
+    return None if ms is None else round(ms * 1000.0, 3)
+
+
 def _matmul_line(dev: DeviceInfo, dtype: str, support: ModeSupport, budget: _Budget,
-                 fp32_value: float | None) -> dict[str, Any]:
+                 fp32_value: float | None, onednn: dict | None = None) -> dict[str, Any]:
     unit, scale = _unit(dev)
     stage = f"matmul {dtype}"
     if support.status == UNSUPPORTED:
@@ -342,6 +390,12 @@ def _matmul_line(dev: DeviceInfo, dtype: str, support: ModeSupport, budget: _Bud
     peak = (peak_info.flops_per_s / scale
             if peak_info and peak_info.flops_per_s and peak_info.source.startswith("datasheet")
             else None)
+    if dev.kind == "cpu":  # the ISA peak Live's MFU uses (peaks.reference_peaks)
+        isa_flops, _native, isa_basis = isa_peak(dev, dtype)
+        peak = isa_flops / scale if isa_flops else None
+        peak_source = f"ISA peak: {isa_basis}" if isa_flops else None
+    else:
+        peak_source = peak_info.source if peak_info else None
     ratio = value / peak if peak else None
     speedup = value / fp32_value if fp32_value else (1.0 if dtype == "fp32" else None)
     extra: dict[str, Any] = {"n": timing.n, "trials": timing.reps}
@@ -357,12 +411,21 @@ def _matmul_line(dev: DeviceInfo, dtype: str, support: ModeSupport, budget: _Bud
             kernels, tensor_core, gpm = [], "unknown", {}
             evidence = f"evidence unavailable: {type(exc).__name__}: {str(exc)[:160]}"
         extra.update(tensor_core=tensor_core, tensor_core_evidence=evidence, **gpm)
+    if dev.kind == "cpu":
+        # the one wording of this dtype here: flags apart from what the probe measured
+        probe_dtype = ((onednn or {}).get("dtypes") or {}).get(dtype)
+        words = cpu_mode_words(dev.cpu_flags, dtype, probe_dtype)
+        support = ModeSupport(support.status, words["words"])
+        kernels = cpu_evidence_rows(probe_dtype)
+        extra.update(cpu_tone=words["tone"], reference_share=words["reference_share"])
     verdict, reason = matmul_verdict(dev.kind, dtype, support, ratio, speedup, tensor_core,
                                      evidence, peak_info.note if peak_info and not peak else "")
+    if dev.kind == "cpu" and extra.get("cpu_tone") == "emulated" and verdict == OK:
+        verdict = SLOW  # the probe saw reference code or a far slower op than fp32
     budget.end(stage)
     return _line("matmul", dtype, unit, verdict, reason, value=_round(value), peak=peak,
                  ratio_to_peak=_round(ratio), speedup_vs_fp32=_round(speedup), kernels=kernels,
-                 peak_source=peak_info.source if peak_info else None, **extra)
+                 peak_source=peak_source, **extra)
 
 
 def _fraction_done(budget: _Budget) -> float:
