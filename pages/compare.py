@@ -34,7 +34,16 @@ from engine.display import NA
 from pages.plot_view import draw_chart
 from pages.numerics_charts import KIND_LABELS, histogram_figure
 from pages.speedup_view import draw_speedup
-from pages.ui import details, ensure_app_shell, get_store, plain, show_caveat, status_badge
+from pages.ui import (
+    details,
+    ensure_app_shell,
+    get_store,
+    id_in_address,
+    ids_in_address,
+    plain,
+    show_caveat,
+    status_badge,
+)
 from pages.whatif_view import TITLE as WHATIF_TITLE
 from pages.whatif_view import draw_projection
 
@@ -67,7 +76,7 @@ def selection_from_url() -> None:
     ids this store does not have are named (as text) and left out."""
     if RUNS_KEY in st.session_state or "runs" not in st.query_params:
         return
-    requested = [i.strip() for i in st.query_params.get("runs", "").split(",") if i.strip()]
+    requested = ids_in_address("runs")
     unknown = [i for i in requested if i not in by_id]
     if unknown:
         st.warning(f"{len(unknown)} run(s) in this page's address do not exist here (deleted, "
@@ -75,7 +84,7 @@ def selection_from_url() -> None:
         st.code("\n".join(unknown[:20]), language=None)
     st.session_state[RUNS_KEY] = [i for i in requested if i in by_id]
     st.session_state[SEEN_PRESET_KEY] = tuple(st.session_state.get(PRESET_KEY) or ())
-    url_baseline = st.query_params.get("baseline")
+    url_baseline = id_in_address("baseline")
     if url_baseline in st.session_state[RUNS_KEY]:
         st.session_state[BASELINE_KEY] = url_baseline
     elif url_baseline:

@@ -35,6 +35,7 @@ from pages.ui import (
     details,
     ensure_app_shell,
     get_store,
+    id_in_address,
     plain,
     show_caveat,
     status_badge,
@@ -531,7 +532,7 @@ if not runs:
     st.stop()
 
 ids = [r.id for r in runs]
-url_run = st.query_params.get("run")
+url_run = id_in_address("run", warn="kernels_run" not in st.session_state)
 if url_run and url_run not in ids and "kernels_run" not in st.session_state:
     # Shown as text: the id comes from the URL.
     st.warning("The run in this page's address has no profiler window here (unknown run, "

@@ -67,6 +67,7 @@ from pages.ui import (
     fmt_duration,
     fmt_num,
     get_store,
+    id_in_address,
     plain,
     relaunch,
     show_caveat,
@@ -91,7 +92,7 @@ if not runs:
 run_ids = [r.id for r in runs]
 # No status in the labels: they would go stale while the fragment refreshes.
 labels = {r.id: f"{r.config.label} · {r.id}" for r in runs}
-url_run = st.query_params.get("run")
+url_run = id_in_address("run", warn="live_select" not in st.session_state)
 if url_run and url_run not in run_ids and "live_select" not in st.session_state:
     st.warning("The run in this page's address does not exist here (deleted, or from another "
                "data directory); showing the newest run instead.")

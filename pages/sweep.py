@@ -40,7 +40,15 @@ from engine.run.launcher import reconcile, stop
 from engine.schema import SWEEP_RUNNING
 from engine.display import NA
 from pages.plot_view import draw_chart
-from pages.ui import ensure_app_shell, fmt_age, get_store, open_in_live, plain, status_badge
+from pages.ui import (
+    ensure_app_shell,
+    fmt_age,
+    get_store,
+    id_in_address,
+    open_in_live,
+    plain,
+    status_badge,
+)
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -264,8 +272,8 @@ def sweeps_section() -> None:
         st.info("No sweeps yet. Define a grid above to start one.")
         return
     ids = [s.id for s in sweeps]
-    url_sweep = st.query_params.get("sweep")
     first_visit = "sw_select" not in st.session_state
+    url_sweep = id_in_address("sweep", "sweep", warn=first_visit)
     if url_sweep and url_sweep not in ids and first_visit:
         st.warning("The sweep in this page's address does not exist here; showing the newest "
                    "sweep instead.")

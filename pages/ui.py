@@ -15,6 +15,7 @@ import streamlit as st
 
 from engine.config import OPEN_LOW_BOUNDS, bounds
 from engine.store import Store, StoreError
+from engine.store.db import RUN_ID_RE
 
 # Status as a word with a colour (Streamlit's Markdown colours), never a glyph: an emoji is
 # an empty box on a machine without an emoji font. Tables and select boxes show the word.
@@ -235,3 +236,57 @@ class NumberInputs:
             self.problems.append(problem)
             st.error(problem)
         return entered
+
+
+# -- ids in the page's address ----------------------------------------------------------
+# A shared link's ?run=, ?runs=, ?baseline=, ?relaunch=, ?sweep= can hold anything a person
+# (or a hostile page linking here) typed: each is checked against the id pattern before any
+# engine call sees it, and a bad one is named as text while the page draws as usual.
+ADDRESS_SHOWN_CHARS = 80
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def address_text(value: str) -> str:
+    """A value from the address as it is shown back: control characters as "?", cut to
+    ADDRESS_SHOWN_CHARS with its length (a 5,000-character value is not repeated)."""
+    text = _CONTROL_CHARS.sub("?", str(value))
+    if len(text) <= ADDRESS_SHOWN_CHARS:
+        return text
+    return f"{text[:ADDRESS_SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def is_id(value) -> bool:
+    """A run or sweep id's shape: letters, digits, - and _, up to 64 characters."""
+    return isinstance(value, str) and RUN_ID_RE.fullmatch(value) is not None
+
+
+def id_in_address(param: str, what: str = "run", *, warn: bool = True) -> str | None:
+    """The id in the address's `param`, or None when there is none or it is malformed;
+    a malformed one is named (as text, `warn`) and ignored, so the page draws as usual."""
+    value = st.query_params.get(param)
+    if not value:
+        return None
+    if is_id(value):
+        return value
+    if warn:
+        malformed_id_warning(param, what, [value])
+    return None
+
+
+def ids_in_address(param: str, what: str = "run", *, warn: bool = True) -> list[str]:
+    """The comma-separated ids in the address's `param`; malformed ones named and left out."""
+    value = st.query_params.get(param)
+    if not value:
+        return []
+    parts = [part.strip() for part in str(value).split(",") if part.strip()]
+    malformed = [part for part in parts if not is_id(part)]
+    if malformed and warn:
+        malformed_id_warning(param, what, malformed)
+    return [part for part in parts if is_id(part)]
+
+
+def malformed_id_warning(param: str, what: str, values: list[str]) -> None:
+    st.warning(f"The page's address has ?{param}= values that are not {what} ids ({what} ids "
+               "are letters, digits, - and _, up to 64 characters): no such "
+               f"{what}; they are ignored.")
+    st.code("\n".join(address_text(v) for v in values[:20]), language=None)

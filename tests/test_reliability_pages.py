@@ -71,3 +71,60 @@ def test_a_selection_of_a_run_deleted_elsewhere_says_so(home):
     assert not at.exception, at.exception
     assert not [b for b in at.button if b.key == "delete_runs"]
     assert [r.id for r in store.list_runs()] == [keep]
+
+
+# -- hostile values in every page's address ------------------------------------------------
+PAGES = ["pages/launch.py", "pages/live.py", "pages/runs.py", "pages/compare.py",
+         "pages/sweep.py", "pages/kernels.py", "pages/check.py"]
+ADDRESS_PARAMS = ("run", "runs", "baseline", "relaunch", "sweep")
+HOSTILE_VALUES = [
+    "../../etc", "../../../../etc/passwd", "run\x00id", "x" * 5000, "a,b,,../c",
+    "**bold** ![img](http://example.invalid/x.png) <script>alert(1)</script>",
+    "javascript:alert(1)", "1' OR '1'='1'; DROP TABLE runs; --", "%00%2e%2e%2f", " ",
+    "20260101-000000-abcdef",  # well formed, unknown here
+]
+
+
+def _lab_with_everything(home) -> Store:
+    """A finished run with CPU evidence (Kernels lists it) and a sweep (Sweep draws it)."""
+    store = Store(home)
+    run_id = _ended_run(store, "target")
+    store.merge_summary(run_id, {"cpu_evidence": {"verdict": "not applicable", "headline":
+                                                  "fp32 run", "evidence": [], "primitives": []}})
+    sweep_id = store.create_sweep({"models": ["mlp"], "precisions": ["fp32"],
+                                   "batch_sizes": [8], "size": "tiny", "steps": 6}, "local")
+    store.link_sweep_run(sweep_id, run_id, 0)
+    return store
+
+
+def test_every_page_draws_with_hostile_ids_in_its_address(home):
+    _lab_with_everything(home)
+    failures = []
+    for page in PAGES:
+        for value in HOSTILE_VALUES:
+            # A fresh session per page and value: a shared link's first visit.
+            at = AppTest.from_file(APP, default_timeout=60)
+            for param in ADDRESS_PARAMS:
+                at.query_params[param] = value
+            at.run()
+            at.switch_page(page).run()
+            if at.exception:
+                failures.append((page, value, at.exception[0].message))
+                continue
+            # Nothing from the address is drawn as Markdown: it may only appear as code.
+            drawn = list(at.markdown) + list(at.warning) + list(at.error) + list(at.info)
+            if len(value.strip()) > 3 and any(value in element.value for element in drawn):
+                failures.append((page, value, "echoed as Markdown"))
+    assert not failures, "\n".join(f"{page} {value[:40]!r}: {what[:200]}"
+                                    for page, value, what in failures)
+
+
+def test_a_malformed_relaunch_id_is_named_as_text(home):
+    _lab_with_everything(home)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.query_params["relaunch"] = "../../etc"
+    at.switch_page("pages/launch.py").run()
+    assert not at.exception, at.exception
+    assert any("not run ids" in w.value and "no such run" in w.value for w in at.warning)
+    assert any(c.value == "../../etc" for c in at.code)
