@@ -78,6 +78,14 @@ EXPECTED = {
         device="NVIDIA H100 80GB HBM3", verdict="yes",
         top_kernel="sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize"
                    "1x1x1_execute_segment_k_off_kernel__5x_cublas"),
+    # MI300X (jq as above, matrix cores: names with an MFMA 'MI' token or AOTriton attn_fwd)
+    "mi300_bert_small_tracelens.json.gz": dict(
+        kernel_count=60, total_kernel_us=388.344, tensor_core_us=287.786,
+        device="AMD Instinct MI300X VF", verdict="yes", top_kernel="attn_fwd"),
+    "mi300_qwen_tracelens.json.gz": dict(
+        kernel_count=1516, total_kernel_us=43062.042, tensor_core_us=22583.105,
+        device="AMD Instinct MI300X VF", verdict="yes",
+        top_kernel='Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_DTVA0_DTVB0_EPS0_FDSI0_GRPM1_GRVWA8_GRVWB8_GSUAMB_GLS0_ISA942_IU1_K1_LBSPPA1024_LBSPPB512_LBSPPM0_LPA16_LPB16_LPM0_LRVW8_LWPMn1_MIAV0_MIWT8_4_MO40_NTn1_NTA0_NTB0_NTC0_NTD0_NTM0_NEPBS16_NLCA1_NLCB1_ONLL1_PGR2_PLR1_PKA1_SIA3_SS1_SPO0_SRVW0_SSO0_SVW8_SK0_SKXCCM0_TLDS1_ULSGRO0_USL1_UIOFGRO0_USFGROn1_VSn1_VWA8_VWB4_WSGRA0_WSGRB0_WS64_WG32_8_1'),
     "v100_resnet50_kineto_v1.json.gz": dict(
         kernel_count=8772, total_kernel_us=591532.0, tensor_core_us=0.0,
         device="Tesla V100-DGXS-32GB", verdict="no",
@@ -141,7 +149,7 @@ def test_breakdown_is_consistent_and_json_serialisable(name, summaries):
                             "category"}
     verdict = summary["verdict"]
     assert verdict["tensor_cores"] in ("yes", "partly", "no", "unknown")
-    assert verdict["headline"].startswith("Tensor Cores: ")
+    assert verdict["headline"].startswith(("Tensor Cores: ", "Matrix Cores (AMD MFMA): "))
     assert verdict["evidence"]
 
 

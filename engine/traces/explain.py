@@ -22,6 +22,7 @@ from engine.traces.accounting import (
 )
 from engine.traces.bound import bound_by, busy_headline
 from engine.traces.kernels import MATRIX_CATEGORIES
+from engine.traces.op_rates import op_rates_summary
 from engine.traces.parser import ParsedTrace, load_trace
 from engine.traces.reader import collector_paused
 from engine.traces.verdict import (
@@ -69,6 +70,7 @@ def _analyze(parsed: ParsedTrace, step: int | None, data_wait_ms: float | None,
     else:
         table, scope = step_kernel_table(parsed, step), f"the kernels of ProfilerStep#{step}"
     result = {"source": parsed.source, **breakdown(table), "breakdown_scope": scope}
+    result.update(op_rates_summary(parsed, result["verdict"].get("tensor_cores")))
     verdict = bound_by(accounting, data_wait_ms=data_wait_ms)
     defects = dict(parsed.defects)
     result.update(

@@ -146,8 +146,23 @@ def _block_scaled_dtype(text: str) -> str | None:
     return None
 
 
+# Itanium spellings of the builtin 16-bit floats inside a mangled blob: DF16b is
+# std::bfloat16_t / __bf16 (newer Composable Kernel), DF16_ is _Float16.
+_MANGLED_BUILTIN_DTYPES = (("bf16", re.compile(r"df16b")), ("fp16", re.compile(r"df16_")))
+
+
+def _mangled_dtype(text: str) -> str | None:
+    for dtype, pattern in _MANGLED_BUILTIN_DTYPES:
+        if text.startswith("_z") and pattern.search(text):
+            return dtype
+    return None
+
+
 def _dtype_in(text: str) -> str | None:
     """Matrix kernels: the narrowest type named anywhere (their inputs)."""
+    mangled = _mangled_dtype(text)
+    if mangled:
+        return mangled
     text = _NOT_A_DTYPE.sub(" ", text)
     scaled = _block_scaled_dtype(text)
     if scaled:
@@ -333,7 +348,7 @@ def _rule_amd(name: str, text: str) -> KernelVerdict | None:
 _HELPERS = (
     (re.compile(r"splitkv_combine|fwdcombine|fwd_combine|flash_bwd_dot_do_o|flash_bwd_convert_d"
                 r"|flash_bwd_clear|flashattnbwdpreprocess|flashattnbwdpostprocess"
-                r"|prepare_varlen|paged_attention_v\d_reduce|mergestates|merge_attn_states"),
+                r"|prepare_varlen|paged_attention_\w*?_reduce|mergestates|merge_attn_states"),
      "attention", "attention helper (combine / preprocess / convert), no MMA"),
     (re.compile(r"reshape_and_cache|concat_and_cache|copy_blocks|swap_blocks|copy_page"),
      "copy kernel", "KV-cache / page copy"),
@@ -529,12 +544,24 @@ _TRTLLM_GEMM = re.compile(r"^(?:bmm|mm|gemm)_(?P<out>[a-z0-9]+)_(?P<ab>[a-z0-9]+
                           r"_(?:fp32|fp16|int32)_t\d+x\d+x\d+\w*_sm(?P<sm>\d+)[a-z]?$")
 
 
+def _trtllm_dtype(ab: str) -> str | None:
+    """trtllm-gen's A/B types: `Mx` marks an MX format (e8m0 scales per 32), a bare E2m1 is
+    NVFP4 (e4m3 scales per 16). A mixed MXFP4 x MXFP8 GEMM runs at the fp8 rate."""
+    if "mxe4m3" in ab or "mxe5m2" in ab:
+        return "mxfp8"
+    if "mxe2m1" in ab:
+        return "mxfp4"
+    if "e2m1" in ab:
+        return "nvfp4"
+    return _dtype_in(ab)
+
+
 def _rule_trtllm_gemm(name: str, text: str) -> KernelVerdict | None:
     match = _TRTLLM_GEMM.match(text)
     if not match:
         return None
     sm = int(match.group("sm"))
-    dtype = _dtype_in(match.group("ab")) or _dtype_in(text)
+    dtype = _trtllm_dtype(match.group("ab")) or _dtype_in(text)
     if sm >= 90:
         return _yes("gemm", dtype, f"trtllm-gen GEMM built for sm{sm} (tcgen05 / wgmma)")
     return _unknown("gemm", dtype, f"trtllm-gen GEMM built for sm{sm}")

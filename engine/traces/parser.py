@@ -93,10 +93,26 @@ def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[Kept, int, dict]:
         raise _cannot_read(source, exc) from exc
     start = raw[:4096].lstrip()[:1]
     if start and start not in b"{[":  # binary or text that is not a JSON document
-        raise ValueError(f"{source}: content that is neither gzip nor JSON (it starts with "
-                         f"{raw[:8]!r}), so not a profiler trace (.json or .json.gz)")
+        # Its kind, never its bytes: a file a link led to may hold anything (/etc/passwd).
+        raise ValueError(f"{source}: content that is neither gzip nor JSON ({_kind(raw)}), "
+                         "so not a profiler trace (.json or .json.gz)")
+    # The event cap applies while decoding: a crafted file of millions of kernel events
+    # must be refused after the cap's worth of them, not after all are built (a 510 MiB
+    # one took the app server to 6.7 GiB).
+    cap, kept_so_far = max_trace_events(), [0]
+
+    def bounded_hook(obj: dict) -> Any:
+        item = compact_dict(obj)
+        if isinstance(item, tuple):
+            kept_so_far[0] += 1
+            if kept_so_far[0] > cap:
+                raise too_many_events(source, cap)
+        return item
+
     try:
-        data = json.loads(raw, object_hook=compact_dict)
+        data = json.loads(raw, object_hook=bounded_hook)
+    except TraceTooLarge:
+        raise
     except RecursionError:
         raise ValueError(f"{source}: JSON nested too deeply to be a profiler trace") from None
     except UnicodeDecodeError:
@@ -122,6 +138,31 @@ def _parse_plain(path_or_fileobj: Any, source: str) -> tuple[Kept, int, dict]:
                          "prof.export_chrome_trace(path).")
     events = data.pop("traceEvents")
     return _kept(events, source), len(events), data
+
+
+_MAGIC_KINDS = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
+                (b"GIF8", "a GIF image"), (b"%PDF", "a PDF document"),
+                (b"PK\x03\x04", "a zip archive"), (b"\x7fELF", "an executable (ELF)"),
+                (b"BZh", "a bzip2 archive"), (b"\xfd7zXZ\x00", "an xz archive"),
+                (b"\x28\xb5\x2f\xfd", "a zstd archive"), (b"SQLite format 3\x00", "an SQLite database"))
+
+
+def _kind(raw: bytes) -> str:
+    """What a file that is not a trace holds, in words ("a PNG image", "plain text",
+    "binary data"): a message names the kind, never the file's bytes."""
+    for magic, words in _MAGIC_KINDS:
+        if raw.startswith(magic):
+            return words
+    head = raw[:4096]
+    for cut in range(4):  # the head may end inside a multi-byte character
+        try:
+            text = head[:len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if all(ch.isprintable() or ch in "\t\r\n\f" for ch in text):
+            return "plain text"
+        break
+    return "binary data"
 
 
 def _kept(events: list, source: str) -> Kept:
@@ -268,6 +309,7 @@ class ParsedTrace:
     spans: list = field(default_factory=list)       # _Span
     cpu_ops: list = field(default_factory=list)     # _CpuOp
     launches: list = field(default_factory=list)    # _Launch
+    shaped_ops: list = field(default_factory=list)  # _ShapedOp: matrix ops with shapes
     defects: dict = field(default_factory=dict)     # {"negative_duration": n, ...}
     # the job's rank and world size when the trace says them (Kineto's distributedInfo)
     distributed: dict = field(default_factory=dict)
@@ -291,6 +333,7 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     properties = properties if isinstance(properties, list) else []
     distributed = members.get("distributedInfo")
     kernels, all_launches, ops, copies = kept.kernels, kept.launches, kept.cpu_ops, kept.copies
+    shaped_ops = kept.shaped_ops
     launches = {event[0]: event for event in all_launches if event[0] is not None}
     # old schema: ProfilerStep and the other spans are CPU ops
     spans = kept.spans + [_Span(op[:5]) for op in ops if op[0].startswith(SPAN_PREFIXES)]
@@ -310,7 +353,7 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
                        bad_duration_events=defects["negative_duration"]
                        + defects["missing_duration"])
     return ParsedTrace(source=source, table=table, copies=copies, spans=spans, cpu_ops=ops,
-                       launches=all_launches, defects=defects,
+                       launches=all_launches, shaped_ops=shaped_ops, defects=defects,
                        distributed=_distributed(distributed))
 
 

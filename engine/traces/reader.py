@@ -36,6 +36,8 @@ from typing import IO, Any, Iterator
 
 import msgspec
 
+from engine.traces.op_flops import SHAPED_OPS
+
 KERNEL_EVENT_CATEGORIES = frozenset({"kernel", "Kernel"})
 # Copy-engine transfers and fills: a GPU activity of their own, not kernels (old schema:
 # "Memcpy"/"Memset"). Kineto records bytes in args; the direction is in the name.
@@ -65,6 +67,14 @@ class _Launch(tuple):
 
 class _CpuOp(tuple):
     """(name, ts_us, end_us, pid, tid, external_id)"""
+
+
+class _ShapedOp(tuple):
+    """(name, ts_us, end_us, pid, tid, external_id, input_dims, input_types,
+    concrete_inputs) of a matrix op the trace recorded shapes for (record_shapes=True):
+    the first six are its _CpuOp; the rest are the per-op FLOPs' inputs (engine.traces.
+    op_flops). Kept only for the ops in SHAPED_OPS: shapes of every op would be most of a
+    trace's text."""
 
 
 class _Copy(tuple):
@@ -194,6 +204,30 @@ def compact(category: str, name: Any, ts: Any, dur: Any, pid: Any, tid: Any,
     return None
 
 
+def _shapes(dims: Any, types: Any, concrete: Any) -> tuple | None:
+    """(input_dims, input_types, concrete_inputs) as tuples when they have the shapes
+    Kineto writes (a list of int lists, a list of type names, a list of strings); None
+    otherwise: an op with odd shapes gets no FLOPs, not a crash."""
+    if not isinstance(dims, list) or not isinstance(types, list) or len(dims) > 64:
+        return None
+    shaped = []
+    for dim in dims:
+        if not isinstance(dim, list) or len(dim) > 16 or not all(
+                type(size) is int and 0 <= size < 1 << 48 for size in dim):
+            return None
+        shaped.append(tuple(dim))
+    if not all(isinstance(name, str) and len(name) < 200 for name in types):
+        return None
+    concrete = tuple(value[:200] if isinstance(value, str) else ""
+                     for value in concrete[:64]) if isinstance(concrete, list) else ()
+    return tuple(shaped), tuple(types), concrete
+
+
+def _shaped(op: "_CpuOp", dims: Any, types: Any, concrete: Any) -> "_CpuOp | _ShapedOp":
+    shapes = _shapes(dims, types, concrete)
+    return op if shapes is None else _ShapedOp(op + shapes)
+
+
 def _arg(args: dict, *keys: str) -> Any:
     for key in keys:
         if key in args:
@@ -211,10 +245,14 @@ def compact_dict(obj: dict) -> Any:
         return None
     args = obj.get("args")
     args = args if isinstance(args, dict) else {}
-    return compact(category, obj.get("name"), obj.get("ts"), obj.get("dur"), obj.get("pid"),
+    kept = compact(category, obj.get("name"), obj.get("ts"), obj.get("dur"), obj.get("pid"),
                    obj.get("tid"), _arg(args, "correlation"),
                    _arg(args, "External id", "external id"), _arg(args, "device"),
                    args.get("stream"), args.get("bytes"))
+    if type(kept) is _CpuOp and kept[0] in SHAPED_OPS:
+        return _shaped(kept, args.get("Input Dims"), args.get("Input type"),
+                       args.get("Concrete Inputs"))
+    return kept
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,6 +269,10 @@ class _Args(msgspec.Struct, gc=False):
     device: int | str | None = None
     stream: int | str | None = None
     size: int | float | None = msgspec.field(default=None, name="bytes")
+    # Raw: skipped inside the decoder, decoded only for the ops in SHAPED_OPS
+    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
+    input_types: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
+    concrete_inputs: msgspec.Raw | None = msgspec.field(default=None, name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -245,6 +287,10 @@ class _Event(msgspec.Struct, gc=False):
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _NO_ARGS = _Args()
+
+
+def _raw_value(raw: msgspec.Raw | None) -> Any:
+    return None if raw is None else msgspec.json.decode(raw)
 
 
 class _Fallback(Exception):
@@ -306,7 +352,13 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
         elif category in CPU_OP_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
-            ops(_CpuOp((name, ts, ts + dur, pid, tid, external)))
+            op = _CpuOp((name, ts, ts + dur, pid, tid, external))
+            ops(op)
+            if name in SHAPED_OPS and args.input_dims is not None:
+                shaped = _shaped(op, _raw_value(args.input_dims), _raw_value(args.input_types),
+                                 _raw_value(args.concrete_inputs))
+                if type(shaped) is _ShapedOp:
+                    kept.shaped_ops.append(shaped)
         elif category in COPY_EVENT_CATEGORIES:
             size = args.size
             kind = "memset" if "memset" in category.lower() else "memcpy"
@@ -581,6 +633,7 @@ class Kept:
     cpu_ops: list = field(default_factory=list)    # _CpuOp
     copies: list = field(default_factory=list)     # _Copy
     spans: list = field(default_factory=list)      # _Span
+    shaped_ops: list = field(default_factory=list)  # _ShapedOp (their _CpuOp is in cpu_ops)
     defects: dict = field(default_factory=lambda: {
         "malformed_events": 0, "negative_duration": 0, "missing_duration": 0})
     # the distinct names' text (bounded: memory follows it too) and the pid/tid values,
@@ -600,6 +653,9 @@ class Kept:
             kind = type(item)
             if kind in lists:
                 lists[kind].append(item)
+            elif kind is _ShapedOp:
+                self.cpu_ops.append(_CpuOp(item[:6]))
+                self.shaped_ops.append(item)
             elif kind is _Malformed:
                 self.defects["malformed_events"] += 1
             elif kind is _BadDuration:
