@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.analysis.whatif import projection_rows, rate_words
-from engine.display import NA
+from engine.display import NA, share_text
 from pages.ui import plain
 
 TITLE = "What if the matrix work ran at another rate? (a projection)"
@@ -18,7 +18,10 @@ def draw_projection(proj: dict, key: str) -> None:
         st.caption(f"No projection: {plain(proj['none'])}.")
         return
     current = proj["current"]
+    convs = (f" Convolutions are {share_text(current['conv_share'])} of it, projected at "
+             "their own rate where this CPU's oneDNN probe measured one (the basis says)."
+             if current.get("conv_share") else "")
     st.caption(plain(f"Today: {current['dtype']} matrix work, against a "
                      f"{rate_words(current['flops_per_s'])} peak ({current['basis']}). This is "
-                     f"{proj['assumes']}."))
+                     f"{proj['assumes']}.{convs}"))
     st.dataframe(pd.DataFrame(projection_rows(proj)), hide_index=True, key=key, placeholder=NA)
