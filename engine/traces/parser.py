@@ -144,7 +144,8 @@ _MAGIC_KINDS = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG
                 (b"GIF8", "a GIF image"), (b"%PDF", "a PDF document"),
                 (b"PK\x03\x04", "a zip archive"), (b"\x7fELF", "an executable (ELF)"),
                 (b"BZh", "a bzip2 archive"), (b"\xfd7zXZ\x00", "an xz archive"),
-                (b"\x28\xb5\x2f\xfd", "a zstd archive"), (b"SQLite format 3\x00", "an SQLite database"))
+                (b"\x28\xb5\x2f\xfd", "a zstd archive"),
+                (b"SQLite format 3\x00", "an SQLite database"))
 
 
 def _kind(raw: bytes) -> str:
