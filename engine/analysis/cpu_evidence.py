@@ -309,8 +309,8 @@ def cpu_verdict(primitives: list[Primitive], compute_dtype: str,
         isas = ", ".join(sorted({p.isa for p in low_precision if not p.is_reference}))
         why = f"{compute_dtype} primitives ran on {isas}, which converts to fp32 in software"
     else:
-        why = (f"no oneDNN {compute_dtype} matrix primitive ran; the matmuls fell back to "
-               "ATen's reference code")
+        why = (f"no oneDNN {compute_dtype} matrix primitive ran; its matmuls and "
+               "convolutions fell back to ATen's own code")
     if missing:
         why += f"; this CPU lacks {missing}"
     return _verdict(EMULATED, f"emulated, no native {compute_dtype} matrix unit ({why}){note}",
