@@ -91,6 +91,14 @@ def test_cpu_check_verdicts_follow_the_real_isa(cpu_result):
         if mode_support(cpu, mode).status == EMULATED:
             assert line["verdict"] == SLOW and "emulated" in line["reason"]
     assert result["nvml"] is None and result["nvml_reason"]
+    # the CPU's ISA peak (the one Live's MFU uses), and oneDNN's evidence per dtype
+    assert matmuls["fp32"]["peak"] > 0 and matmuls["fp32"]["peak_source"].startswith("ISA peak")
+    assert result["onednn_probe_error"] is None
+    fp32_rows = matmuls["fp32"]["kernels"]
+    assert any(row["kind"] == "convolution backward weights" and row["implementation"]
+               for row in fp32_rows), fp32_rows
+    assert all(row["name"] for line in matmuls.values() for row in line["kernels"])
+    assert "flags: " in matmuls["bf16"]["reason"] and "measured: " in matmuls["bf16"]["reason"]
     if not torch.cuda.is_available():
         assert "CPU-only build" in result["no_gpu_reason"] or "no GPU" in result["no_gpu_reason"]
 

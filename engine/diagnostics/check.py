@@ -328,7 +328,9 @@ def _cpu_probe(dev: DeviceInfo, budget: _Budget) -> tuple[dict | None, str | Non
     peaks): which implementation ran each dtype's matmul and convolution here."""
     if dev.kind != "cpu":
         return None, None
-    budget.begin("onednn probe", "oneDNN probe: which implementation runs each dtype")
+    if budget.begin("onednn probe", "oneDNN probe: which implementation runs each dtype") is None:
+        budget.end("onednn probe")
+        return None, f"oneDNN probe skipped: time budget of {budget.total_s:g} s spent"
     try:
         return refresh_probe(dev.key, dev.name, source="device check"), None
     except Exception as exc:  # noqa: BLE001 - the matmul lines stand without it
