@@ -67,10 +67,23 @@ def _members_of(path: Path) -> list[tuple[str, Any]]:
         found = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
         if not found:
             raise ValueError(f"{path}: no trace files in this folder (.json or .json.gz)")
+        for member in found:
+            _refuse_link_outside(member, path)
         return [(p.name, p) for p in found]
     if zipfile.is_zipfile(path):
         return _zip_members(path)
     return [(path.name, path)]
+
+
+def _refuse_link_outside(member: Path, folder: Path) -> None:
+    """A folder's symbolic link must stay inside the folder: one leading elsewhere would
+    make the app read (and quote from) any file the server can read."""
+    if not member.is_symlink():
+        return
+    target = member.resolve()
+    if not target.is_relative_to(folder.resolve()):
+        raise ValueError(f"{member}: a symbolic link that leads outside the folder {folder}; "
+                         "copy the trace into the folder instead of linking to it")
 
 
 def _zip_members(path: Path) -> list[tuple[str, Any]]:
@@ -79,6 +92,13 @@ def _zip_members(path: Path) -> list[tuple[str, Any]]:
                        if not info.is_dir() and _is_trace_name(info.filename))
     if not names:
         raise ValueError(f"{path}: a zip with no trace files in it (.json or .json.gz)")
+    first_of: dict[str, str] = {}
+    for name in names:  # the table shows the file name: two alike would read as two ranks
+        base = os.path.basename(name)
+        if base in first_of:
+            raise ValueError(f"{path}: two traces named {base!r} ({first_of[base]} and {name}); "
+                             "a trace set holds one trace per rank: zip one job's ranks")
+        first_of[base] = name
     return [(os.path.basename(name), _ZipMember(path, name)) for name in names]
 
 
@@ -188,9 +208,10 @@ def _rank_row(label: str, trace: ParsedTrace) -> dict:
     }
 
 
-def _assign_ranks(rows: list[dict]) -> None:
+def _assign_ranks(rows: list[dict], files: list[str]) -> None:
     """rank: the trace's own when every trace has a distinct one, else the number in the
-    file name when those are distinct, else the order given; rank_from says which."""
+    file name when those are distinct, else the order given; rank_from says which.
+    ValueError naming both files when two traces say (or are named for) the same rank."""
     def distinct(values: list) -> bool:
         return None not in values and len(set(values)) == len(values)
 
@@ -199,6 +220,9 @@ def _assign_ranks(rows: list[dict]) -> None:
     for row in rows:
         match = _RANK_IN_NAME.search(row["source"]) or _LAST_NUMBER.search(row["source"])
         named.append(int(match.group(1)) if match else None)
+    _refuse_twice(own, files, "the trace's distributedInfo says rank")
+    if None in own:
+        _refuse_twice(named, files, "the file name says rank")
     if distinct(own):
         ranks, origin = own, "the trace (distributedInfo)"
     elif distinct(named):
@@ -207,6 +231,18 @@ def _assign_ranks(rows: list[dict]) -> None:
         ranks, origin = list(range(len(rows))), "the order given"
     for row, rank in zip(rows, ranks):
         row["rank"], row["rank_from"] = rank, origin
+
+
+def _refuse_twice(ranks: list, files: list[str], how: str) -> None:
+    first_of: dict = {}
+    for rank, file in zip(ranks, files):
+        if rank is None:
+            continue
+        if rank in first_of:
+            raise ValueError(f"two traces of rank {rank}: {first_of[rank]} and {file} ({how} "
+                             f"{rank} in both); a trace set holds one trace per rank: pass "
+                             "each rank's trace once")
+        first_of[rank] = file
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,7 +357,7 @@ def analyze_set(members: list[tuple[str, Any]]) -> dict:
                          f"{len(members)}")
     with collector_paused():  # every rank's read and accounting (trace_reader.collector_paused)
         rows = [_rank_row(label, _load(source)) for label, source in members]
-    _assign_ranks(rows)
+    _assign_ranks(rows, [str(source) for _label, source in members])
     rows.sort(key=lambda row: row["rank"])
     waiting = _waiting(rows)
     result = {"kind": "trace_set", "rank_count": len(rows), "ranks": rows,
