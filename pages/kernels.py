@@ -406,6 +406,16 @@ def cpu_report(evidence: dict) -> None:
                      key="onednn_primitives", placeholder=NA)
     else:
         st.caption("oneDNN recorded no matrix primitive in the window.")
+    by_kind = evidence.get("by_kind") or []  # the verdict's per-kind table (cpu_evidence)
+    if by_kind:
+        st.caption(f"By kind of op: the implementation that ran most of its time; "
+                   f"{share_text(evidence.get('reference_share'))} of the matrix time ran "
+                   "oneDNN's reference code.")
+        st.dataframe(pd.DataFrame([{"kind": row["label"], "time_ms": row["exec_ms"],
+                                    "share": share_text(row["share"], 1),
+                                    "implementation": f"{row['src_dtype']} {row['implementation']}",
+                                    "unit": row["unit"]} for row in by_kind]),
+                     hide_index=True, key="onednn_by_kind", placeholder=NA)
 
 
 runs = [r for r in store.list_runs(limit=500)
