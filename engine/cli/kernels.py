@@ -268,6 +268,8 @@ def _clip(text: str, width: int) -> str:
 def format_breakdown(summary: dict, name_width: int = 90) -> str:
     """The breakdown as a readable plain-text report."""
     lines = [f"Trace:  {summary.get('source') or '-'}"]
+    if summary.get("trace_kind") in ("range profiler", "other accelerator"):
+        return "\n".join(lines + format_other_kind(summary)) + "\n"
     accounting = summary.get("accounting") or {}
     if accounting.get("kind") == "cpu":
         return "\n".join(lines + format_cpu_accounting(summary)) + "\n"
@@ -314,6 +316,26 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
                          f"e.g. {_clip(entry['kernels'][0], 70)}")
             lines += [f"    - {cause}" for cause in entry["likely_causes"]]
     return "\n".join(lines) + "\n"
+
+
+def format_other_kind(summary: dict) -> list[str]:
+    """A range-profiler or other-accelerator trace: what it is and its evidence."""
+    banner = summary["banner"]
+    lines = [f"Kind:   {summary['trace_kind']}",
+             f"Device: {summary.get('device') or 'unknown'}", banner["headline"],
+             banner["sentence"]]
+    evidence = summary.get("range_profiler")
+    if evidence and evidence["kernels"]:
+        agree = evidence["counters_agree_with_names"]
+        lines.append("The counters " + ("agree with" if agree else "contradict" if agree is
+                                        False else "cannot check") + " the kernel names")
+        lines += ["", f"{'names':<8}{'counters':<9}{'FFMA':>15}{'HFMA':>13}  kernel"]
+        for kernel in evidence["kernels"]:
+            lines.append(f"{kernel['name_verdict']:<8}{kernel['counter_verdict'] or 'n/a':<9}"
+                         f"{kernel['ffma'] if kernel['ffma'] is not None else 'n/a':>15}"
+                         f"{kernel['hfma'] if kernel['hfma'] is not None else 'n/a':>13}  "
+                         f"{_clip(kernel['name'], 80)}")
+    return lines
 
 
 def _rate(value: float | None, digits: int = 2) -> str:

@@ -22,6 +22,7 @@ from engine.traces.accounting import (
 )
 from engine.traces.bound import bound_by, busy_headline
 from engine.traces.kernels import MATRIX_CATEGORIES
+from engine.traces.kinds import other_kind_result
 from engine.traces.op_rates import op_rates_summary
 from engine.traces.parser import ParsedTrace, load_trace
 from engine.traces.reader import collector_paused
@@ -64,6 +65,8 @@ def analyze(trace: Any, step: int | None = None, data_wait_ms: float | None = No
 
 def _analyze(parsed: ParsedTrace, step: int | None, data_wait_ms: float | None,
              cpu_evidence: dict | None) -> dict:
+    if parsed.kind in ("range profiler", "other accelerator"):
+        return other_kind_result(parsed)  # no kernel timeline: never read as a CPU run
     accounting = time_accounting(parsed, step=step, cpu_evidence=cpu_evidence)
     if step is None or not parsed.is_gpu:
         table, scope = parsed.table, "every kernel in the trace"

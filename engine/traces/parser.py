@@ -311,6 +311,8 @@ class ParsedTrace:
     cpu_ops: list = field(default_factory=list)     # _CpuOp
     launches: list = field(default_factory=list)    # _Launch
     shaped_ops: list = field(default_factory=list)  # _ShapedOp: matrix ops with shapes
+    ranges: list = field(default_factory=list)      # _Range: CUPTI range-profiler kernels
+    other_devices: dict = field(default_factory=dict)  # {category: events}: MTIA, XPU, ...
     defects: dict = field(default_factory=dict)     # {"negative_duration": n, ...}
     # the job's rank and world size when the trace says them (Kineto's distributedInfo)
     distributed: dict = field(default_factory=dict)
@@ -318,6 +320,19 @@ class ParsedTrace:
     @property
     def is_gpu(self) -> bool:
         return not self.table.empty or bool(self.copies)
+
+    @property
+    def kind(self) -> str:
+        """"gpu" (a kernel timeline), "range profiler" (CUPTI per-kernel counters, no
+        kernel events), "other accelerator" (MTIA, XPU, ...: no CUDA/ROCm kernels) or
+        "cpu" (CPU ops only)."""
+        if self.is_gpu:
+            return "gpu"
+        if self.ranges:
+            return "range profiler"
+        if self.other_devices:
+            return "other accelerator"
+        return "cpu"
 
 
 def load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
@@ -334,12 +349,12 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     properties = properties if isinstance(properties, list) else []
     distributed = members.get("distributedInfo")
     kernels, all_launches, ops, copies = kept.kernels, kept.launches, kept.cpu_ops, kept.copies
-    shaped_ops = kept.shaped_ops
+    shaped_ops, ranges, other_devices = kept.shaped_ops, kept.ranges, kept.other_devices
     launches = {event[0]: event for event in all_launches if event[0] is not None}
     # old schema: ProfilerStep and the other spans are CPU ops
     spans = kept.spans + [_Span(op[:5]) for op in ops if op[0].startswith(SPAN_PREFIXES)]
     defects = kept.defects
-    if not (kernels or all_launches or ops or copies or spans):
+    if not (kernels or all_launches or ops or copies or spans or ranges or other_devices):
         raise ValueError(f"{source}: {event_count:,} event(s), none of "
                          "them a profiler event (kernel, CPU op, runtime call, memcpy/memset, "
                          "annotation), so not a PyTorch profiler trace")
@@ -354,7 +369,8 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
                        bad_duration_events=defects["negative_duration"]
                        + defects["missing_duration"])
     return ParsedTrace(source=source, table=table, copies=copies, spans=spans, cpu_ops=ops,
-                       launches=all_launches, shaped_ops=shaped_ops, defects=defects,
+                       launches=all_launches, shaped_ops=shaped_ops, ranges=ranges,
+                       other_devices=other_devices, defects=defects,
                        distributed=_distributed(distributed))
 
 

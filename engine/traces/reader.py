@@ -46,6 +46,16 @@ LAUNCH_EVENT_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 CPU_OP_EVENT_CATEGORIES = frozenset({"cpu_op", "Operator"})
 # record_function spans on the CPU side: profiler steps, the DataLoader, the optimizer.
 ANNOTATION_EVENT_CATEGORIES = frozenset({"user_annotation"})
+# Traces that are not CUDA/ROCm kernel timelines say what they are through these: the CUPTI
+# range profiler records one event per kernel with its SASS instruction counters (and no
+# `kernel` events); other accelerators' runtimes and device events (Meta's MTIA, Intel's
+# XPU) have their own categories. Counted, so a trace of them is never read as a CPU run.
+RANGE_EVENT_CATEGORY = "cuda_profiler_range"
+RANGE_COUNTERS = tuple(f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum"
+                       for op in ("ffma", "fadd", "fmul", "hfma", "hadd", "hmul",
+                                  "dfma", "dadd", "dmul"))
+OTHER_DEVICE_PREFIXES = ("mtia_", "xpu_", "privateuse1", "hpu_", "tpu_")
+
 KEPT_CATEGORIES = (KERNEL_EVENT_CATEGORIES | COPY_EVENT_CATEGORIES | LAUNCH_EVENT_CATEGORIES
                    | CPU_OP_EVENT_CATEGORIES | ANNOTATION_EVENT_CATEGORIES)
 SPAN_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#",
@@ -75,6 +85,12 @@ class _ShapedOp(tuple):
     the first six are its _CpuOp; the rest are the per-op FLOPs' inputs (engine.traces.
     op_flops). Kept only for the ops in SHAPED_OPS: shapes of every op would be most of a
     trace's text."""
+
+
+class _Range(tuple):
+    """(name, ts_us, dur_us, counters) of a CUPTI range-profiler event: one kernel replayed
+    under the counters, `counters` the RANGE_COUNTERS values in order (None: not recorded).
+    Its duration includes the replays: a weight, not a kernel time."""
 
 
 class _Copy(tuple):
@@ -235,6 +251,26 @@ def _arg(args: dict, *keys: str) -> Any:
     return None
 
 
+class _Foreign(tuple):
+    """(category,) of an event of another kind of device (see OTHER_DEVICE_PREFIXES)."""
+
+
+def _range_counters(values: list) -> tuple:
+    return tuple(value if type(value) in (int, float) and value >= 0 else None
+                 for value in values)
+
+
+def _foreign(category: str, obj: dict) -> Any:
+    if category != RANGE_EVENT_CATEGORY:
+        return _Foreign((category,))
+    args = obj.get("args")
+    args = args if isinstance(args, dict) else {}
+    name, ts, dur = obj.get("name"), _time(obj.get("ts")), _time(obj.get("dur"))
+    if not isinstance(name, str) or ts is None or dur is None or dur < 0:
+        return _Malformed(("range",))
+    return _Range((name, ts, dur, _range_counters([args.get(key) for key in RANGE_COUNTERS])))
+
+
 def compact_dict(obj: dict) -> Any:
     """json object_hook for the plain path: an event -> its kept tuple (or None), any other
     object (an args dict, a deviceProperties entry, the top level) unchanged."""
@@ -242,6 +278,9 @@ def compact_dict(obj: dict) -> Any:
         return obj
     category = obj.get("cat")
     if not isinstance(category, str) or category not in KEPT_CATEGORIES:
+        if isinstance(category, str) and (category == RANGE_EVENT_CATEGORY
+                                          or category.startswith(OTHER_DEVICE_PREFIXES)):
+            return _foreign(category, obj)
         return None
     args = obj.get("args")
     args = args if isinstance(args, dict) else {}
@@ -269,6 +308,15 @@ class _Args(msgspec.Struct, gc=False):
     device: int | str | None = None
     stream: int | str | None = None
     size: int | float | None = msgspec.field(default=None, name="bytes")
+    ffma: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[0])
+    fadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[1])
+    fmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[2])
+    hfma: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[3])
+    hadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[4])
+    hmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[5])
+    dfma: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[6])
+    dadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[7])
+    dmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[8])
     # Raw: skipped inside the decoder, decoded only for the ops in SHAPED_OPS
     input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
     input_types: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
@@ -287,6 +335,20 @@ class _Event(msgspec.Struct, gc=False):
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _NO_ARGS = _Args()
+
+
+def _keep_foreign(event: "_Event", kept: "Kept") -> None:
+    if event.cat != RANGE_EVENT_CATEGORY:
+        kept.other_devices[event.cat] = kept.other_devices.get(event.cat, 0) + 1
+        return
+    args = event.args or _NO_ARGS
+    ts, dur = event.ts, event.dur
+    if not event.name or not _ok_time(ts) or not _ok_time(dur) or dur < 0:
+        kept.defects["malformed_events"] += 1
+        return
+    kept.ranges.append(_Range((event.name, ts, dur, _range_counters(
+        [args.ffma, args.fadd, args.fmul, args.hfma, args.hadd, args.hmul, args.dfma,
+         args.dadd, args.dmul]))))
 
 
 def _raw_value(raw: msgspec.Raw | None) -> Any:
@@ -310,6 +372,9 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
     for event in events:
         category = event.cat
         if category not in KEPT_CATEGORIES:
+            if category is not None and (category == RANGE_EVENT_CATEGORY
+                                         or category.startswith(OTHER_DEVICE_PREFIXES)):
+                _keep_foreign(event, kept)
             continue
         args = event.args or _NO_ARGS
         name, ts, dur = event.name, event.ts, event.dur
@@ -634,6 +699,8 @@ class Kept:
     copies: list = field(default_factory=list)     # _Copy
     spans: list = field(default_factory=list)      # _Span
     shaped_ops: list = field(default_factory=list)  # _ShapedOp (their _CpuOp is in cpu_ops)
+    ranges: list = field(default_factory=list)      # _Range (CUPTI range profiler)
+    other_devices: dict = field(default_factory=dict)  # {category: events} of other devices
     defects: dict = field(default_factory=lambda: {
         "malformed_events": 0, "negative_duration": 0, "missing_duration": 0})
     # the distinct names' text (bounded: memory follows it too) and the pid/tid values,
@@ -643,7 +710,7 @@ class Kept:
 
     def size(self) -> int:
         return len(self.kernels) + len(self.launches) + len(self.cpu_ops) + \
-            len(self.copies) + len(self.spans)
+            len(self.copies) + len(self.spans) + len(self.ranges)
 
     def add_mixed(self, items: list) -> None:
         """Tuples of any kind (the plain path, a piece judged event by event)."""
@@ -653,6 +720,10 @@ class Kept:
             kind = type(item)
             if kind in lists:
                 lists[kind].append(item)
+            elif kind is _Range:
+                self.ranges.append(item)
+            elif kind is _Foreign:
+                self.other_devices[item[0]] = self.other_devices.get(item[0], 0) + 1
             elif kind is _ShapedOp:
                 self.cpu_ops.append(_CpuOp(item[:6]))
                 self.shaped_ops.append(item)
