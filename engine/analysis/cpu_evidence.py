@@ -306,8 +306,11 @@ def cpu_verdict(primitives: list[Primitive], compute_dtype: str,
                         "have run in MKL, which does not report its ISA", evidence, matrix,
                         table, share)
     if low_precision:
-        isas = ", ".join(sorted({p.isa for p in low_precision if not p.is_reference}))
-        why = f"{compute_dtype} primitives ran on {isas}, which converts to fp32 in software"
+        # the ISAs of the conversion code that decided, not of the native minority
+        isas = ", ".join(sorted({p.isa for p in low_precision if not p.is_reference
+                                 and unit_for_isa(p.isa, compute_dtype) is None}))
+        why = (f"{compute_dtype} primitives ran on {isas}, which converts to fp32 in software"
+               if isas else f"{compute_dtype} primitives ran oneDNN's reference code")
     else:
         why = (f"no oneDNN {compute_dtype} matrix primitive ran; its matmuls and "
                "convolutions fell back to ATen's own code")
