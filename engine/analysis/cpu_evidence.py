@@ -21,8 +21,9 @@ mode on this CPU for every surface. See docs/precision-reference.md#cpu-evidence
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from engine.config import COMPUTE_DTYPES, Precision
 from engine.display import share_text

@@ -20,7 +20,8 @@ No torch: the CLI (`engine kernels --json`), the Kernels, Live and Compare pages
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from engine.display import share_text
 from engine.hardware.cpu_probe import conv_rates, stored_probe
