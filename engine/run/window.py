@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose
 from engine.hardware.cpu_probe import conv_rates, stored_probe
@@ -27,7 +27,8 @@ def window_handler(store: Store, run_id: str, device_key: str) -> Callable[[Any,
     def on_window(window, compute_dtype: str) -> None:
         try:
             analyze_window(store, run_id, device_key, window.trace_path,
-                           window.onednn_log_path, compute_dtype, gpm=window.gpm)
+                           window.onednn_log_path, compute_dtype, gpm=window.gpm,
+                           write_errors=getattr(window, "write_errors", ()))
         except Exception as exc:  # noqa: BLE001 - reported in the summary and the log
             traceback.print_exc()
             store.merge_summary(run_id, {"profile_error": f"{type(exc).__name__}: {exc}"})
@@ -37,8 +38,11 @@ def window_handler(store: Store, run_id: str, device_key: str) -> Callable[[Any,
 
 def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path | None,
                    onednn_log_path: Path | None, compute_dtype: str,
-                   gpm: tuple[float | None, str] | None = None) -> dict[str, Any]:
-    """Store the kernel table and return the summary fields it produced."""
+                   gpm: tuple[float | None, str] | None = None,
+                   write_errors: Iterable[str] = ()) -> dict[str, Any]:
+    """Store the kernel table and return the summary fields it produced. `write_errors`:
+    why the window's trace or oneDNN log was dropped (a full disk), one line each; they
+    become the summary's profile_error, which Live and Kernels show."""
     summary: dict[str, Any] = {"compute_dtype": compute_dtype}
     if gpm is not None:
         summary["gpm_tensor_util_pct"], summary["gpm_note"] = gpm
@@ -50,6 +54,9 @@ def analyze_window(store: Store, run_id: str, device_key: str, trace_path: Path 
         summary["cpu_evidence"] = _cpu_evidence(onednn_log_path, compute_dtype, device_key)
     if trace_path is not None and trace_path.exists() and "profile_error" not in summary:
         summary["explain"] = _explain(trace_path, summary.get("cpu_evidence"))
+    if write_errors:
+        summary["profile_error"] = "; ".join(
+            [*write_errors, *([summary["profile_error"]] if "profile_error" in summary else [])])
     store.merge_summary(run_id, summary)
     return summary
 
@@ -64,6 +71,8 @@ def _explain(trace_path: Path, cpu_evidence: dict | None) -> dict[str, Any]:
         result = analyze(trace_path, cpu_evidence=cpu_evidence)
     except Exception as exc:  # noqa: BLE001 - the verdict is optional; the run is not
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    if "accounting" not in result:  # a range-profiler or other-accelerator trace
+        return {"banner": result["banner"], "kind": result.get("trace_kind")}
     accounting = result["accounting"]
     return {"banner": result["banner"], "bound_by": result["bound_by"],
             "kind": accounting.get("kind"), "step_time_us": accounting.get("step_time_us"),
@@ -87,7 +96,11 @@ def _gpu_kernels(store: Store, run_id: str, trace_path: Path) -> dict[str, Any]:
     from engine.traces.parser import load_trace
     from engine.traces.verdict import breakdown, kernel_summary_rows  # late: as above
 
-    table = load_trace(trace_path).table
+    parsed = load_trace(trace_path)
+    table = parsed.table
+    if parsed.kind in ("range profiler", "other accelerator"):
+        # no kernel timeline, but not CUPTI's silence: the Kernels page reads its evidence
+        return {"trace_kind": parsed.kind}
     if table.empty:
         return {"profile_error": NO_KERNELS_ERROR}
     result = breakdown(table)  # the device named in the trace (table.attrs)

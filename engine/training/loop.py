@@ -9,6 +9,7 @@ gradient norms and skipped-step counts stay on the device in between.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import math
 import os
@@ -286,6 +287,9 @@ class ProfilerWindow:
         self.onednn_log_path: Path | None = None
         self.gpm_thread = None
         self.verbose: contextlib.ExitStack | None = None  # oneDNN verbose capture (CPU)
+        # Why the window's trace or oneDNN log was dropped (a full disk): one line each,
+        # for the run's summary; the run itself goes on.
+        self.write_errors: list[str] = []
         self.gpm: tuple[float | None, str] = (
             (None, "not available: still sampling") if device.type == "cuda" else
             (None, "not available: NVML GPM tensor counters exist on NVIDIA Hopper+ GPUs only"))
@@ -321,6 +325,14 @@ class ProfilerWindow:
         if self.verbose is not None:
             self.verbose.close()
             self.verbose = None
+            # oneDNN prints with C stdio, whose failed writes raise nothing: a disk with no
+            # free block left means the log is cut short, and a cut log would read as
+            # evidence of fewer primitives than ran.
+            if self.onednn_log_path is not None and _disk_full(self.onednn_log_path.parent):
+                self.onednn_log_path.unlink(missing_ok=True)
+                self.onednn_log_path = None
+                self.write_errors.append("the oneDNN log could not be written: "
+                                         "the data directory's disk is full")
 
     def _start_gpm_sampler(self) -> None:
         """Counter-based confirmation on Hopper+: NVML GPM tensor-pipe activity, sampled in
@@ -347,20 +359,40 @@ class ProfilerWindow:
         self.stack.close()
         if self.gpm_thread is not None:
             self.gpm_thread.join(timeout=5.0)
-        self.run_dir.mkdir(parents=True, exist_ok=True)  # deleted during the window
         plain = self.run_dir / (self.trace_name.removesuffix(".gz") + ".tmp")
-        prof.export_chrome_trace(str(plain))
-        self.trace_path = self.run_dir / self.trace_name
-        # written whole, then renamed: a page reading the run's traces meanwhile never
-        # sees half a file
         partial = self.run_dir / (self.trace_name + ".partial")
-        with open(plain, "rb") as src, gzip.open(partial, "wb", compresslevel=5) as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(partial, self.trace_path)
-        plain.unlink()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # deleted during the window
+            # Kineto writes plain + ".tmp" and renames it; on a full disk it fails without
+            # raising, and the missing file is the first sign (FileNotFoundError below).
+            prof.export_chrome_trace(str(plain))
+            # written whole, then renamed: a page reading the run's traces meanwhile never
+            # sees half a file
+            with open(plain, "rb") as src, gzip.open(partial, "wb", compresslevel=5) as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(partial, self.run_dir / self.trace_name)
+            self.trace_path = self.run_dir / self.trace_name
+        except OSError as exc:
+            # The steps ran and their metrics are kept: only the trace is lost.
+            reason = ("the data directory's disk is full" if _disk_full(self.run_dir)
+                      or getattr(exc, "errno", None) == errno.ENOSPC
+                      else f"{exc.strerror or exc}")
+            self.write_errors.append(f"the trace could not be written: {reason}")
+        finally:
+            for leftover in (plain.with_name(plain.name + ".tmp"), plain, partial):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
         return True
 
 
+
+
+def _disk_full(folder: Path) -> bool:
+    """No block left for an unprivileged write under `folder` (statvfs)."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
 
 
 def train(cfg: RunConfig, device_key: str, emit: Callable[[list[dict[str, Any]]], None],
