@@ -26,6 +26,7 @@ from engine.traces.explain import (
 from engine.traces.parser import load_trace
 from engine.traces.verdict import short_kernel_name
 from engine.display import NA, ratio_text, share_text
+from engine.report.figures import roofline_figure
 from engine.analysis.whatif import run_projection
 from engine.schema import TRACE_FILENAME
 from engine.store import RunNotFound
@@ -304,11 +305,71 @@ def gpu_report(result: dict) -> None:
                                      hide_index=True, key="could_have", placeholder=NA))
     else:
         st.caption("No matrix op ran without Tensor Cores in this window.")
+    op_rates_section(result)
     details("Per CPU op", "kernels_per_op", lambda: st.dataframe(
         pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
         hide_index=True, key="per_op", placeholder=NA))
     if (result.get("accounting") or {}).get("kind") == "gpu":
         gpu_accounting(result["accounting"])
+
+
+_WITNESS_TONE = {"confirms": st.success, "decides": st.success, "contradicts": st.warning,
+                 "cannot decide": st.info}
+
+
+def _rate_row(row: dict) -> dict:
+    return {"op": row["op"], "shape": row["shape"], "dtype": row["compute_dtype"],
+            "calls": row["calls"], "GFLOP/call": row["flops_per_call"] / 1e9,
+            "time (ms)": row["kernel_us"] / 1000, "TFLOP/s": row["tflops_per_s"],
+            "TB/s": row["tb_per_s"], "FLOP/B": row["flop_per_byte"],
+            "of peak": share_text(row["share_of_peak"]) if row["share_of_peak"] else NA,
+            "bound": row["bound"] or NA}
+
+
+def op_rates_section(result: dict) -> None:
+    """Per-op FLOPs and achieved rates from the recorded shapes, the roofline, and what the
+    arithmetic says about the name-based verdict (engine.traces.op_rates)."""
+    st.subheader("How well: per-op FLOPs and rates")
+    rows = result.get("op_rates") or []
+    witness = result.get("rate_witness")
+    if witness:  # op names and shapes come from the trace: plain text
+        _WITNESS_TONE.get(witness["witness"], st.info)(
+            f"The rates {witness['witness']}: {witness['why']}")
+    if not rows:
+        st.caption(result.get("op_rates_note") or "No op with recorded shapes.")
+        return
+    basis = rows[0]["time_basis"]
+    st.caption(f"FLOPs from the recorded shapes (torch.utils.flop_counter's formulas) over the "
+               f"{basis}' time; TFLOP/s is the mean of the calls' rates. 'of peak': the "
+               "datasheet peak of the dtype on this device.")
+    st.dataframe(pd.DataFrame([_rate_row(row) for row in rows]), hide_index=True,
+                 key="op_rates", placeholder=NA,
+                 column_config={name: st.column_config.NumberColumn(name, format=fmt)
+                                for name, fmt in (("GFLOP/call", "%.4f"), ("time (ms)", "%.3f"),
+                                                  ("TFLOP/s", "%.2f"), ("TB/s", "%.3f"),
+                                                  ("FLOP/B", "%.1f"))})
+    figure = roofline_figure(rows, result.get("device_spec"))
+    if figure is not None:
+        draw_chart(figure=figure, key="roofline")
+
+
+def other_kind_report(result: dict) -> None:
+    """A range-profiler or other-accelerator trace: what it is, and its evidence."""
+    verdict_banner(result)
+    st.caption(f"Trace kind: {plain(result['trace_kind'])}; device: "
+               f"{plain(result.get('device') or 'unknown')}.")
+    evidence = result.get("range_profiler")
+    if evidence and evidence["kernels"]:
+        agree = evidence["counters_agree_with_names"]
+        st.caption("Matrix kernels with their SASS counters: a matrix kernel that executed no "
+                   "FFMA/HFMA/DFMA did its multiply-adds on the Tensor Cores. The counters "
+                   + ("agree with" if agree else "contradict" if agree is False
+                      else "cannot check") + " the kernel names.")
+        st.dataframe(pd.DataFrame([{
+            "kernel": short_kernel_name(k["name"]), "names say": k["name_verdict"],
+            "counters say": k["counter_verdict"] or NA, "FFMA": k["ffma"], "HFMA": k["hfma"],
+            "dtype": k["dtype"] or NA} for k in evidence["kernels"]]),
+            hide_index=True, key="range_kernels", placeholder=NA)
 
 
 def cpu_accounting(result: dict) -> None:
@@ -373,8 +434,12 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
 
 
 def report(result: dict) -> None:
+    if result.get("trace_kind") in ("range profiler", "other accelerator"):
+        other_kind_report(result)  # no kernel timeline: no step to project
+        return
     if (result.get("accounting") or {}).get("kind") == "cpu":
         cpu_accounting(result)
+        op_rates_section(result)
     else:
         gpu_report(result)
     projection_block(result)
@@ -387,11 +452,40 @@ def projection_block(result: dict, run=None) -> None:
     draw_projection(run_projection(dict(result), run, read_cache=False), key="kernels_projection")
 
 
+UPLOAD_PREFIX = "precision-lab-upload-"  # the temporary copies of uploaded traces
+STALE_UPLOAD_S = 3600.0
+
+
 def _saved_upload(upload) -> str:
+    """The upload as a temporary file (the trace reader reads files); the caller removes it
+    in a `finally`. A copy left by a server that was killed mid-read is removed by the next
+    upload, once it is an hour old."""
+    _remove_stale_uploads()
     suffix = ".json.gz" if upload.name.endswith(".gz") else ".json"
-    with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as handle:
-        handle.write(upload.getbuffer())
+    with tempfile.NamedTemporaryFile(prefix=UPLOAD_PREFIX, suffix=suffix, delete=False) as handle:
+        try:
+            handle.write(upload.getbuffer())
+        except BaseException:  # a full temp disk, an interrupted script: no half copy kept
+            Path(handle.name).unlink(missing_ok=True)
+            raise
     return handle.name
+
+
+def _remove_stale_uploads() -> None:
+    import shutil
+    import time
+
+    cutoff = time.time() - STALE_UPLOAD_S
+    for leftover in Path(tempfile.gettempdir()).glob("precision-lab-*"):
+        try:
+            if leftover.lstat().st_mtime < cutoff and leftover.name.startswith(
+                    (UPLOAD_PREFIX, "precision-lab-ranks-")):
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink()
+        except OSError:
+            continue  # another server's, or gone already
 
 
 def cpu_report(evidence: dict) -> None:
@@ -511,28 +605,34 @@ if source == "Upload a trace file":
                               type=["json", "gz"], key="trace_upload")
     upload_b = st.file_uploader("Optional: a second trace (B) to compare with the first (A)",
                                 type=["json", "gz"], key="trace_upload_b")
-    if upload is not None:
-        saved = [(upload.name, _saved_upload(upload))]
-        if upload_b is not None:
-            saved.append((upload_b.name, _saved_upload(upload_b)))
-        chosen_step, parsed_a = None, None
-        try:
-            parsed_a = load_trace(saved[0][1])  # once: the step view and the diff reuse it
-            result = analyze_trace_file(parsed_a)
-            chosen_step = step_choice(result, "trace_upload_step")
-            if chosen_step is not None:
-                result = analyze_trace_file(parsed_a, step=chosen_step)
-            report(result)
-        except (ValueError, OSError) as exc:
-            st.error(plain(_upload_error(exc, saved, f"Cannot read {upload.name}")))
-            upload_b = None  # nothing to compare B with
-        if upload_b is not None:
+    saved = []
+    # finally: a rerun or stop interrupts the script with an exception at any st call, and
+    # the copies (100 MiB and more) must not outlive it.
+    try:
+        if upload is not None:
+            saved.append((upload.name, _saved_upload(upload)))
+            if upload_b is not None:
+                saved.append((upload_b.name, _saved_upload(upload_b)))
+            chosen_step, parsed_a = None, None
             try:
-                # a chosen step of A is A's side of the comparison too
-                diff_report(explain_diff(parsed_a, saved[1][1], step_a=chosen_step),
-                            files=(upload.name, upload_b.name))
+                parsed_a = load_trace(saved[0][1])  # once: the step view and the diff reuse it
+                result = analyze_trace_file(parsed_a)
+                chosen_step = step_choice(result, "trace_upload_step")
+                if chosen_step is not None:
+                    result = analyze_trace_file(parsed_a, step=chosen_step)
+                report(result)
             except (ValueError, OSError) as exc:
-                st.error(plain(_upload_error(exc, saved, f"Cannot compare with {upload_b.name}")))
+                st.error(plain(_upload_error(exc, saved, f"Cannot read {upload.name}")))
+                upload_b = None  # nothing to compare B with
+            if upload_b is not None:
+                try:
+                    # a chosen step of A is A's side of the comparison too
+                    diff_report(explain_diff(parsed_a, saved[1][1], step_a=chosen_step),
+                                files=(upload.name, upload_b.name))
+                except (ValueError, OSError) as exc:
+                    st.error(plain(_upload_error(exc, saved,
+                                                 f"Cannot compare with {upload_b.name}")))
+    finally:
         for _name, temporary in saved:
             Path(temporary).unlink(missing_ok=True)
     st.stop()
@@ -577,14 +677,18 @@ if run.device_key.startswith("cuda") and trace_path.exists():
     chosen_step = step_choice(gpu_result, "kernels_step")
     if chosen_step is not None:
         gpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns, None, chosen_step)
-    gpu_report(gpu_result)
-    projection_block(gpu_result, run)
+    if gpu_result.get("trace_kind") in ("range profiler", "other accelerator"):
+        other_kind_report(gpu_result)
+    else:
+        gpu_report(gpu_result)
+        projection_block(gpu_result, run)
 elif evidence:
     cpu_report(evidence)
 if not run.device_key.startswith("cuda") and trace_path.exists():
     cpu_result = analyze(str(trace_path), trace_path.stat().st_mtime_ns,
                          json.dumps(evidence) if evidence else None)
     cpu_accounting(cpu_result)
+    op_rates_section(cpu_result)
     projection_block(cpu_result, run)
 rank_traces = run_rank_traces(store, run)
 if rank_traces:

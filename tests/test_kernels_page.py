@@ -63,7 +63,9 @@ def test_h100_run_shows_tensor_core_verdict_with_kernel_evidence(store):
     assert "tensorop_bf16_s16816gemm" in evidence
     top = at.dataframe[0].value
     assert top.iloc[0]["tensor_core"] == "yes"
-    assert len(chart_specs(at)) == 1
+    titles = [spec["layout"]["title"]["text"] for spec in chart_specs(at)]
+    assert titles[0].startswith("GPU time per kernel category")
+    assert titles[1].startswith("Per-op rates against the roofline (H100 SXM")
     # The stored kernel table matches the analysis the page shows.
     stored = store.read_kernels(run_id)
     assert stored["total_us"].sum() == pytest.approx(307.197, abs=0.01)

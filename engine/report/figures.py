@@ -252,3 +252,49 @@ def memory_by_kind_figure(result: Mapping[str, Any]) -> go.Figure | None:
                       margin={"l": 110, "r": 30, "t": 60, "b": 90}, template=PLOT_TEMPLATE)
     fig.update_yaxes(automargin=True)
     return fig
+
+
+def roofline_figure(op_rates: list[Mapping[str, Any]],
+                    device_spec: Mapping[str, Any] | None) -> go.Figure | None:
+    """Each rated op as a point (FLOP per byte, achieved TFLOP/s; log-log), sized by its
+    time, under the device's roofs: memory bandwidth x intensity up to each dtype's matrix
+    peak, and the fp32 vector peak. None when no op has a rate."""
+    rows = [row for row in op_rates if row.get("flop_per_byte") and row.get("tflops_per_s")]
+    if not rows:
+        return None
+    fig = go.Figure()
+    by_dtype: dict[str, list] = {}
+    for row in rows:
+        by_dtype.setdefault(row["compute_dtype"], []).append(row)
+    largest_us = max(row["kernel_us"] for row in rows)
+    for index, (dtype, members) in enumerate(sorted(by_dtype.items())):
+        fig.add_trace(go.Scatter(
+            x=[row["flop_per_byte"] for row in members],
+            y=[row["tflops_per_s"] for row in members], mode="markers", name=dtype,
+            marker=dict(color=_color(index), opacity=0.8,
+                        size=[8 + 22 * (row["kernel_us"] / largest_us) ** 0.5 for row in members]),
+            text=[f"{row['op']} {row['shape']}<br>{row['calls']} calls, "
+                  f"{row['kernel_us'] / 1000:.3f} ms" for row in members],
+            hovertemplate="%{text}<br>%{x:.1f} FLOP/B, %{y:.2f} TFLOP/s<extra></extra>"))
+    if device_spec:
+        low = min(row["flop_per_byte"] for row in rows) / 4
+        high = max(row["flop_per_byte"] for row in rows) * 4
+        bandwidth = device_spec["memory_tb_per_s"]
+        roofs = {f"{dtype} matrix peak": peak
+                 for dtype, peak in device_spec["matrix_tflops"].items() if dtype in by_dtype}
+        roofs["fp32 vector peak"] = device_spec["vector_tflops"].get("fp32")
+        for name, peak in roofs.items():
+            if not peak:
+                continue
+            ridge = peak / bandwidth
+            xs = [low, max(low, min(ridge, high)), high]
+            fig.add_trace(go.Scatter(x=xs, y=[min(peak, bandwidth * x) for x in xs],
+                                     mode="lines", name=name, hoverinfo="name",
+                                     line=dict(width=1, dash="dot", color="#888")))
+    title = "Per-op rates against the roofline" + (
+        f" ({device_spec['row']}, {device_spec['memory_tb_per_s']:g} TB/s)"
+        if device_spec else " (no datasheet for this device: points only)")
+    fig.update_layout(title=title, height=420, margin=dict(l=10, r=10, t=40, b=10),
+                      xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte)"),
+                      yaxis=dict(type="log", title="achieved TFLOP/s"))
+    return fig

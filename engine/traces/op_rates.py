@@ -239,4 +239,10 @@ def op_rates_summary(trace: ParsedTrace, name_verdict: str | None) -> dict:
     elif not rows:
         note = "no op with recorded shapes has a FLOP formula here or launched a kernel"
     witness = rate_witness(rows, name_verdict, device) if not trace.table.empty else None
-    return {"op_rates": rows, "rate_witness": witness, "op_rates_note": note}
+    spec = gpu_spec(device)
+    device_spec = None if spec is None else {
+        "row": spec.row, "memory_tb_per_s": spec.memory_tb_per_s,
+        "matrix_tflops": dict(spec.matrix_tflops), "vector_tflops": dict(spec.vector_tflops),
+        "source": spec.source}
+    return {"op_rates": rows, "rate_witness": witness, "op_rates_note": note,
+            "device_spec": device_spec}
