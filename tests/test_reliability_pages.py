@@ -128,3 +128,44 @@ def test_a_malformed_relaunch_id_is_named_as_text(home):
     assert not at.exception, at.exception
     assert any("not run ids" in w.value and "no such run" in w.value for w in at.warning)
     assert any(c.value == "../../etc" for c in at.code)
+
+
+# -- the Kernels page's temporary copies of uploads -----------------------------------------
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("precision-lab-"))
+
+
+def test_an_uploaded_trace_leaves_no_temporary_copy_and_old_ones_are_removed(
+        home, tmp_path, monkeypatch):
+    import os
+    import tempfile
+    import time
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    # What a server killed in the middle of reading an upload left behind, two hours ago.
+    stale = temp / "precision-lab-upload-abc.json.gz"
+    stale.write_bytes(b"\0" * 1024)
+    stale_ranks = temp / "precision-lab-ranks-xyz"
+    stale_ranks.mkdir()
+    (stale_ranks / "rank-0.json").write_text("{}")
+    two_hours_ago = time.time() - 7200
+    for path in (stale, stale_ranks):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    fresh_of_another_session = temp / "precision-lab-upload-now.json"
+    fresh_of_another_session.write_text("{}")
+
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("pages/kernels.py").run()
+    at.radio(key="kernels_source").set_value("Upload a trace file").run()
+    data = (TRACES / "gp100_pascal_hta.json.gz").read_bytes()
+    at.file_uploader(key="trace_upload").set_value(("pascal.json.gz", data,
+                                                    "application/gzip")).run()
+    assert not at.exception, at.exception
+    assert any("Tensor Cores" in e.value for e in at.error)  # the report drew ("no": red)
+    assert _leftovers(temp) == [fresh_of_another_session.name]
