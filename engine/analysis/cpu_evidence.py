@@ -384,8 +384,8 @@ def probe_words(probe_dtype: Mapping[str, Any] | None, dtype: str) -> tuple[str 
     if share is not None and share >= REFERENCE_DOMINATES:
         words = reference_words(table, share, where=" in this machine's probe")
         return words + (f" (probe: {speed})" if speed else ""), "emulated"
-    ran = "; ".join(_op_ran(op, [row for row in table if _op_of(row["kind"]) == op], dtype)
-                    for op in ops)
+    ran = "; ".join(_op_ran(op, measured, [row for row in table if _op_of(row["kind"]) == op],
+                            dtype) for op, measured in ops.items())
     slow = any(ratio and ratio < FAR_SLOWER_RATIO for ratio in speeds.values())
     tone = "emulated" if slow and dtype != "fp32" else ""
     return (f"{ran}" + (f"; {speed}" if speed else "")
@@ -396,14 +396,17 @@ def _op_of(kind: str) -> str:
     return "matmul" if kind == "matmul" else "conv"
 
 
-def _op_ran(op: str, rows: list[dict[str, Any]], dtype: str) -> str:
-    """"conv: forward jit:avx2, backward data jit:avx2, ..." or "matmul: no oneDNN
-    primitive (MKL or ATen's own code)"."""
+def _op_ran(op: str, measured: Mapping[str, Any], rows: list[dict[str, Any]],
+            dtype: str) -> str:
+    """"conv: forward jit:avx2, backward data jit:avx2, ...", "matmul: brg_matmul:avx2" or
+    "matmul: no oneDNN primitive (MKL or ATen's own code)"."""
+    if measured.get("error"):
+        return f"{op}: failed in the probe ({measured['error']})"
     if not rows:
         return f"{op}: no oneDNN {dtype} primitive (MKL or ATen's own code)"
     return f"{op}: " + ", ".join(
-        f"{row['label'].removeprefix('convolution ').removeprefix('matmul / ')} "
-        f"{row['implementation']}" for row in rows)
+        (f"{row['label'].removeprefix('convolution ')} " if row["kind"] != "matmul" else "")
+        + row["implementation"] for row in rows)
 
 
 def _speed_text(ratio: float) -> str:
@@ -414,10 +417,11 @@ def _speed_text(ratio: float) -> str:
 def cpu_mode_words(cpu_flags: frozenset[str], dtype: str,
                    probe_dtype: Mapping[str, Any] | None = None,
                    run_evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The one wording of a mode's dtype on a CPU, for every surface (doctor, the device
-    card, Launch, the CPU check, a run's Kernels and Live): what the flags say before
-    anything ran (`known`), apart from what was measured (`measured`: a run's oneDNN
-    evidence, else this machine's probe), the colour (`tone`: native | neutral |
+    """The one wording of a mode's dtype on a CPU, for every surface before a run (doctor,
+    the device card, Launch, the CPU check; a run's Kernels and Live show its own verdict,
+    `cpu_verdict`, decided by the same rules): what the flags say before anything ran
+    (`known`), apart from what was measured (`measured`: a run's oneDNN evidence when
+    given, else this machine's probe), the colour (`tone`: native | neutral |
     emulated | unsupported) and the sentence to show (`words`)."""
     unit = cpu_matrix_unit(cpu_flags, dtype)
     known = f"flags: {unit.words}"
