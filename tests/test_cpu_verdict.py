@@ -259,3 +259,16 @@ def test_the_what_if_projects_convolutions_at_the_conv_rate():
     assert fp16["speedup"] < 0.1 and "slower" in fp16["words"]
     assert "convolutions (88 % of the matrix time) at the conv rate" in fp16["basis"]
     assert projected["current"]["conv_share"] == pytest.approx(0.875)
+
+
+def test_without_a_stored_matmul_peak_the_probe_gives_both_sides_of_the_matmul_part():
+    result = {"accounting": _cpu_accounting(), "matrix_dtype": "fp32", "device": "test cpu"}
+    op_rates = {"matmul": {"fp32": 50e9, "fp16": 5e9}, "conv": {"fp32": 40e9, "fp16": 4e9}}
+    projected = projection(result, None, op_rates)
+    assert projected["current"]["basis"] == "this CPU's oneDNN probe"
+    fp16 = next(t for t in projected["targets"] if t["target"] == "fp16 on this device")
+    assert fp16["projected_step_us"] == pytest.approx(20_000.0 + 80_000.0 * 10)
+    # a peak stored for today's dtype only: the probe's ratio, on the peak's scale
+    scaled = projection(result, {"fp32": 100e9}, op_rates)
+    fp16 = next(t for t in scaled["targets"] if t["target"] == "fp16 on this device")
+    assert fp16["target_flops_per_s"] == pytest.approx(10e9)

@@ -158,10 +158,11 @@ def projection(result: Mapping[str, Any],
         return {"none": f"today's {dtype} matrix rate on {result.get('device') or 'this device'}"
                         " is not known (not catalogued, not measured here)"}
     current = rates[dtype]
-    if is_cpu:  # a dtype only the probe measured: its matmul rates, today's from there too
+    if is_cpu and dtype in probe_matmul:
+        # a dtype only the probe measured: its ratio to today's dtype in the probe, on the
+        # scale of today's rate (the probe's small matmul is not a peak)
         for other, flops in probe_matmul.items():
-            rates.setdefault(other, flops * current / probe_matmul[dtype]
-                             if dtype in probe_matmul else flops)
+            rates.setdefault(other, flops * current / probe_matmul[dtype])
     share = conv_share(accounting)
     conv_rate = dict((op_rates or {}).get("conv") or {})
     targets = []
