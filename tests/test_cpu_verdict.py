@@ -272,3 +272,31 @@ def test_without_a_stored_matmul_peak_the_probe_gives_both_sides_of_the_matmul_p
     scaled = projection(result, {"fp32": 100e9}, op_rates)
     fp16 = next(t for t in scaled["targets"] if t["target"] == "fp16 on this device")
     assert fp16["target_flops_per_s"] == pytest.approx(10e9)
+
+
+def _check_line(dtype: str, probe_dtype: dict, tone: str) -> dict:
+    return {"test": "matmul", "dtype": dtype, "value": 10.0, "unit": "GFLOP/s", "peak": 150.0,
+            "ratio_to_peak": 10.0 / 150.0, "speedup_vs_fp32": 1.0, "verdict": "ok",
+            "reason": "native", "kernels": cpu_evidence_rows(probe_dtype), "cpu_tone": tone,
+            "peak_source": "ISA peak: 2 thread(s) x 2.45 GHz x 32 FLOP/cycle = 157 GFLOP/s"}
+
+
+def test_the_cpu_check_page_shows_each_dtypes_onednn_implementations_and_the_isa_peak(home):
+    device = get_device("cpu")
+    result = {"device": {"key": "cpu", "kind": "cpu", "name": device.name},
+              "lines": [_check_line("fp32", _probe_dtype("epyc-avx2_fp32.log", 1.0), "neutral"),
+                        _check_line("fp16", _probe_dtype(
+                            "xeon-amx-bf16-avx512-fp16_fp16.transcribed.log", 0.03), "emulated")],
+              "nvml": None, "nvml_reason": "no NVML", "elapsed_s": 1.0, "time_budget_s": 45.0,
+              "onednn_probe_error": None}
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["check_results"] = {"cpu": result}
+    at.run()
+    at.switch_page("pages/check.py").run()
+    assert not at.exception, at.exception
+    assert "oneDNN evidence" in [header.value for header in at.subheader]
+    labels = [expander.label for expander in at.expander]
+    assert "fp16: reference code or far slower than fp32" in labels, labels
+    assert "fp32: oneDNN implementations" in labels
+    assert any("ISA peak" in caption.value for caption in at.caption)
+    assert not any("No datasheet peak" in caption.value for caption in at.caption)
