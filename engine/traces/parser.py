@@ -19,14 +19,33 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from engine.hardware.gpus import compute_capability_from_name
+from engine.traces.events import (
+    MAX_TIME_US,
+    SPAN_PREFIXES,
+    _CpuOp,
+    _Kernel,
+    _Launch,
+    _Span,
+    compact_dict,
+)
 from engine.traces.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.traces.kernels import classify_kernel
 from engine.traces.reader import (
-    FALLBACK_MAX_MIB, MAX_TIME_US, READ_ERRORS, SPAN_PREFIXES, Kept, TraceTooLarge,
+    FALLBACK_MAX_MIB,
+    READ_ERRORS,
+    Kept,
+    TraceTooLarge,
+    _Fallback,
     collector_paused,
-    _CpuOp, _Fallback, _Kernel, _Launch, _Span, compact_dict, max_trace_bytes,
-    max_trace_events, open_source, read_all, stream_events, too_large, too_many_events)
-from engine.hardware.gpus import compute_capability_from_name
+    max_trace_bytes,
+    max_trace_events,
+    open_source,
+    read_all,
+    stream_events,
+    too_large,
+    too_many_events,
+)
 
 __all__ = ["MAX_TIME_US", "SPAN_PREFIXES", "TABLE_COLUMNS", "ParsedTrace", "TraceTooLarge",
            "load_kernel_table", "load_trace", "trace_device", "trace_metadata"]
