@@ -300,3 +300,10 @@ def test_the_cpu_check_page_shows_each_dtypes_onednn_implementations_and_the_isa
     assert "fp32: oneDNN implementations" in labels
     assert any("ISA peak" in caption.value for caption in at.caption)
     assert not any("No datasheet peak" in caption.value for caption in at.caption)
+
+
+def test_a_probe_timed_while_busy_says_its_speeds_are_rough():
+    probe = {**_probe_dtype("epyc-avx2_fp32.log", 0.2), "busy": True}
+    words = cpu_mode_words(frozenset({"avx2"}), "fp16", probe)
+    assert "conv 5x slower than fp32; matmul 1.00x fp32 (timed while the machine was busy: "
+            "rough)" in words["words"]

@@ -125,3 +125,15 @@ def test_the_what_if_projects_fp16_resnet_slower_than_fp32_where_its_convs_are(
     assert projected["current"]["conv_share"] > 0.5  # a resnet's matrix work is convolutions
     assert fp16["speedup"] < 1.0, fp16["words"]
     assert "at the conv rate" in fp16["basis"]
+
+
+def test_a_busy_stored_probe_is_measured_again_by_doctor(probe, monkeypatch):
+    from engine.diagnostics.onednn_probe import cached_or_probe
+    from engine.hardware.cpu_probe import stored_probe, write_probe
+
+    home, device, record = probe
+    _use(home, monkeypatch)
+    write_probe(device.key, device.name, {**record, "busy": True, "measured_at": 1.0})
+    again = cached_or_probe(device.key, device.name, source="test")
+    assert again["measured_at"] > 1.0
+    assert stored_probe(device.key, device.name)["measured_at"] == again["measured_at"]

@@ -381,6 +381,8 @@ def probe_words(probe_dtype: Mapping[str, Any] | None, dtype: str) -> tuple[str 
     speeds = probe_dtype.get("speed_vs_fp32") or {}
     speed = "; ".join(f"{op} {_speed_text(ratio)}" for op, ratio in sorted(speeds.items())
                       if ratio and dtype != "fp32")
+    if speed and probe_dtype.get("busy"):
+        speed += " (timed while the machine was busy: rough)"
     if share is not None and share >= REFERENCE_DOMINATES:
         words = reference_words(table, share, where=" in this machine's probe")
         return words + (f" (probe: {speed})" if speed else ""), "emulated"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.analysis.cpu_evidence import parse_onednn_verbose
+from engine.hardware.contention import ContentionProbe, sample_causes, sample_is_busy
 from engine.hardware.cpu_probe import (
     PROBE_DTYPES,
     RECORD_VERSION,
@@ -97,6 +98,7 @@ def run_probe(device_name: str, source: str) -> dict[str, Any]:
     """Probe every dtype; the record engine.hardware.cpu_probe stores."""
     import torch  # the probe is torch's own ops under oneDNN
 
+    load = ContentionProbe()  # the speed ratios mean little if others shared the CPU
     dtypes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="onednn-probe-") as tmp:
         for dtype in PROBE_DTYPES:
@@ -125,9 +127,14 @@ def run_probe(device_name: str, source: str) -> dict[str, Any]:
             op: round(measured["flops_per_s"] / fp32[op]["flops_per_s"], 4)
             for op, measured in entry["ops"].items()
             if measured.get("flops_per_s") and (fp32.get(op) or {}).get("flops_per_s")}
+    sample = load.sample()
+    busy = sample_is_busy(sample, load.cores)
     return {"version": RECORD_VERSION, "measured_at": time.time(), "source": source,
             "device_name": device_name, "torch": torch_build_version(),
-            "threads": torch.get_num_threads(), "dtypes": dtypes}
+            "threads": torch.get_num_threads(), "dtypes": dtypes,
+            # unmeasured load counts as busy, as for the peaks: measured again next time
+            "busy": True if busy is None else busy,
+            "busy_causes": sample_causes(sample, load.cores)}
 
 
 def refresh_probe(device_key: str, device_name: str, source: str) -> dict[str, Any]:
@@ -138,6 +145,10 @@ def refresh_probe(device_key: str, device_name: str, source: str) -> dict[str, A
 
 
 def cached_or_probe(device_key: str, device_name: str, source: str) -> dict[str, Any]:
-    """The stored record, or a new probe stored (doctor, a CPU run's window)."""
-    return (stored_probe(device_key, device_name)
-            or refresh_probe(device_key, device_name, source))
+    """The stored record, or a new probe stored (doctor): also when the stored one was
+    taken while the machine was busy (its implementation names hold, its speeds may not),
+    as a busy peak is measured again."""
+    record = stored_probe(device_key, device_name)
+    if record is not None and not record.get("busy"):
+        return record
+    return refresh_probe(device_key, device_name, source)

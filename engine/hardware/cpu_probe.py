@@ -70,9 +70,11 @@ def stored_probe(device_key: str, device_name: str) -> dict[str, Any] | None:
 
 
 def probe_for_dtype(device_key: str, device_name: str, dtype: str) -> dict[str, Any] | None:
-    """One dtype of the stored probe: {"ops": {op: {...}}, "speed_vs_fp32": {op: x}}."""
+    """One dtype of the stored probe: {"ops": {op: {...}}, "speed_vs_fp32": {op: x},
+    "busy": whether the machine was busy while it was measured}."""
     record = stored_probe(device_key, device_name)
-    return (record or {}).get("dtypes", {}).get(dtype)
+    entry = (record or {}).get("dtypes", {}).get(dtype)
+    return {**entry, "busy": bool(record.get("busy"))} if entry and record else entry
 
 
 def write_probe(device_key: str, device_name: str, record: dict[str, Any]) -> None:
