@@ -305,5 +305,5 @@ def test_the_cpu_check_page_shows_each_dtypes_onednn_implementations_and_the_isa
 def test_a_probe_timed_while_busy_says_its_speeds_are_rough():
     probe = {**_probe_dtype("epyc-avx2_fp32.log", 0.2), "busy": True}
     words = cpu_mode_words(frozenset({"avx2"}), "fp16", probe)
-    assert "conv 5x slower than fp32; matmul 1.00x fp32 (timed while the machine was busy: "
-            "rough)" in words["words"]
+    assert ("conv 5x slower than fp32; matmul 1.00x fp32 (timed while the machine was busy: "
+            "rough)") in words["words"]
