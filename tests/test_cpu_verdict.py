@@ -199,6 +199,7 @@ def test_every_surface_before_a_run_says_the_same_words(probed_cpu):
     # Launch and the device card
     at = AppTest.from_file(APP, default_timeout=60)
     at.session_state["precision"] = "fp16-amp"
+    at.session_state["device"] = "cpu"  # also where a GPU would be the default
     at.run()
     assert not at.exception, at.exception
     shown = " ".join(box.value.replace("\\", "") for box in at.warning)
