@@ -239,9 +239,10 @@ def reference_words(table: list[dict[str, Any]], share: float, where: str = "") 
     dtypes = sorted({row["src_dtype"] for row in rows}) or ["the"]
     passes = ", ".join(f"{row['label'].removeprefix('convolution ')}: {row['implementation']}"
                        for row in rows)
+    against = ("oneDNN's vector kernels" if dtypes == ["fp32"] else "fp32")
     return (f"{'/'.join(dtypes)} {_noun([row['kind'] for row in rows])} ran oneDNN's "
             f"reference code{where}: {share_text(share)} of matrix time ({passes}); expect "
-            "far slower than fp32")
+            f"far slower than {against}")
 
 
 def evidence_lines(primitives: list[Primitive]) -> list[str]:
