@@ -9,7 +9,7 @@ decided from the primitives that ran, weighted by their time: per kind of matrix
 (matmul / inner product, convolution forward, backward data, backward weights) the
 implementation that took most of its time, and the share of all matrix time spent in
 reference code. A reference share that dominates decides the verdict, whatever unit
-the other primitives used: one fp16 convolution pass in `ref:any` can make a step 15x
+the other primitives used: one fp16 convolution pass in `ref:any` made a resnet step 14x
 slower than fp32 on a CPU whose flags promise fp16 vector units.
 
 Before a run, the same words come from a short probe per dtype (a small matmul and one

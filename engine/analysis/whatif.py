@@ -135,7 +135,7 @@ def projection(result: Mapping[str, Any],
     run on this machine), used before the catalogue's. `op_rates`: {"matmul" | "conv":
     {dtype: FLOP/s}} this CPU's oneDNN probe (engine.hardware.cpu_probe): a CPU step's
     convolutions are projected at the conv rate, not the matmul rate (an fp16 conv in
-    oneDNN's reference code can be 40x slower than fp32 where the fp16 matmul is not)."""
+    oneDNN's reference code was measured 37x slower than fp32 where fp16 matmuls were not)."""
     accounting = result.get("accounting") or {}
     if not accounting.get("step_time_us"):
         return {"none": "no step time in this trace: nothing to project"}

@@ -3,7 +3,7 @@ matmul and one convolution forward + backward, and how fast each op ran against 
 
 The flags say what a CPU could do; the probe says what oneDNN did with it here, before
 any run (a CPU with AVX512-FP16 can still run fp16 convolution backward in oneDNN's
-reference code, 40x slower than fp32). The probe itself runs in
+reference code, 37x slower than fp32 in one measured layer). The probe runs in
 engine.diagnostics.onednn_probe (it needs torch); this module only keeps its record,
 like the peaks (engine.hardware.peaks): in `$PRECISION_LAB_HOME/cpu_probe_cache.json`,
 keyed by device, CPU name and torch build (the torch build carries the oneDNN that
