@@ -14,6 +14,7 @@ MLflow is an optional extra (requirements-export.txt); without it the CLI says s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -64,26 +65,80 @@ class TrackingServerUnreachable(RuntimeError):
     """The http(s) tracking server did not answer within the timeout."""
 
 
+def within(bound_s: float, call, *args, **kwargs):
+    """`call(*args, **kwargs)`, given at most `bound_s` seconds in all.
+
+    A socket timeout bounds each read, not the request: a server that sends one byte every
+    few seconds never trips it (an export ran past 400 s). The call runs in a daemon thread
+    and is abandoned at the bound (its socket closes when the process ends); TimeoutError."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="mlflow-request", daemon=True)
+    worker.start()
+    worker.join(bound_s)
+    if worker.is_alive():
+        raise TimeoutError(f"no complete answer within {bound_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
 def check_tracking_server(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """For an http(s) URI: the server answers its health endpoint within `timeout_s`
-    (connect and response), else TrackingServerUnreachable naming the URI and the bound.
-    Other URIs (file:, databases) are not network calls of this kind: nothing to do."""
+    (connect and the whole response), else TrackingServerUnreachable naming the URI and the
+    bound. Other URIs (file:, databases) are not network calls of this kind: nothing to do."""
     import urllib.error
     import urllib.request
 
     if not tracking_uri.startswith(("http://", "https://")):
         return
     url = tracking_uri.rstrip("/") + "/health"
-    try:
+
+    def health() -> None:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
             response.read(64)
+
+    try:
+        within(timeout_s, health)
     except urllib.error.HTTPError:
         return  # it answered (an older server without /health): MLflow's calls decide
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError) as exc:  # TimeoutError is an OSError
         reason = getattr(exc, "reason", exc)
         raise TrackingServerUnreachable(
             f"{tracking_uri} did not answer within {timeout_s:g} s ({reason}); check the "
             "server, or raise the bound with --mlflow-timeout-s") from None
+
+
+class _BoundedClient:
+    """An MlflowClient whose every call (one request and its retry) ends within a bound,
+    else TrackingServerUnreachable naming the server and the bound."""
+
+    def __init__(self, client, tracking_uri: str, timeout_s: float):
+        self._client, self._uri = client, tracking_uri
+        # connect + answer, once more on the retry, and the backoff between them
+        self._bound_s = timeout_s * (HTTP_RETRIES + 1) + 2.0
+
+    def __getattr__(self, name: str):
+        method = getattr(self._client, name)
+
+        def bounded(*args, **kwargs):
+            try:
+                return within(self._bound_s, method, *args, **kwargs)
+            except TimeoutError:
+                raise TrackingServerUnreachable(
+                    f"{self._uri} did not complete {name} within {self._bound_s:g} s (a "
+                    "server answering too slowly); check the server, or raise the bound "
+                    "with --mlflow-timeout-s") from None
+
+        return bounded
 
 
 def _bound_http_calls(timeout_s: float) -> None:
@@ -112,6 +167,8 @@ def export_to_mlflow(store: Store, run_id: str, tracking_uri: str,
 
     run = store.get_run(run_id)
     client = MlflowClient(tracking_uri=tracking_uri)
+    if tracking_uri.startswith(("http://", "https://")):
+        client = _BoundedClient(client, tracking_uri, timeout_s)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
     # Exporting again replaces the earlier export of this run (one MLflow run per run).
@@ -134,8 +191,10 @@ def export_to_mlflow(store: Store, run_id: str, tracking_uri: str,
             client.log_batch(mlflow_id, tags=[RunTag("mlflow.note.content", run.note)])
         _log_artifacts(client, mlflow_id, store, run)
     except BaseException:
-        # A half-exported run must not look like a live one in MLflow.
-        client.set_terminated(mlflow_id, status="FAILED")
+        # A half-exported run must not look like a live one in MLflow (when the server
+        # still answers: a slow one's failure is the error to report).
+        with contextlib.suppress(Exception):
+            client.set_terminated(mlflow_id, status="FAILED")
         raise
     ended_ms = int((run.ended_at or run.started_at or run.created_at) * 1000)
     client.set_terminated(mlflow_id, status=_STATUS.get(run.status, "FAILED"), end_time=ended_ms)
