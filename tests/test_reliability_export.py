@@ -102,3 +102,66 @@ def test_an_mlflow_export_to_a_server_answering_one_byte_at_a_time_ends_within_i
     took_s = time.monotonic() - started
     assert trickle.uri in str(raised.value) and "within 4 s" in str(raised.value)
     assert took_s < 12.0, took_s  # the request's bound (and mlflow's import), not minutes
+
+
+# -- TensorBoard: a note is text, a full disk is one line ------------------------------------
+def _run_with_hostile_note(store: Store) -> str:
+    run_id = store.create_run(RunConfig(model="mlp"), "cpu")
+    store.write_metrics(run_id, [{"step": i, "loss": 1.0 / i} for i in range(1, 50)])
+    store.set_status(run_id, FINISHED)
+    store.set_note(run_id, "see ![chart](http://example.invalid/x.png) and <img src=x>")
+    store.set_tags(run_id, {"link": "[click](javascript:alert(1))"})
+    return run_id
+
+
+@pytest.mark.slow  # TensorBoard's import starts processes
+def test_tensorboard_text_shows_the_note_and_tags_as_text_not_markdown(home, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard import plugin_util
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from engine.report.tensorboard_export import export_to_tensorboard
+
+    store = Store(home)
+    run_id = _run_with_hostile_note(store)
+    folder = export_to_tensorboard(store, run_id, tmp_path / "tb")
+    accumulator = EventAccumulator(str(folder), size_guidance={"tensors": 0, "scalars": 0})
+    accumulator.Reload()
+    assert len(accumulator.Scalars("loss")) == 49
+    text = accumulator.Tensors("precision_lab/run")[0].tensor_proto.string_val[0].decode()
+    html = plugin_util.markdown_to_safe_html(text)
+    assert "<img" not in html and "<a " not in html and "<pre><code>" in html
+    assert "example.invalid/x.png" in html  # shown, as text
+
+
+@pytest.mark.slow
+def test_tensorboard_export_on_a_full_disk_is_one_line_and_leaves_no_event_file(
+        home, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    import subprocess
+
+    from engine.cli.main import main
+
+    store = Store(home)
+    run_id = _run_with_hostile_note(store)
+    small = tmp_path / "small"
+    small.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        try:  # the disk fills to the last block
+            with open(small / "filler", "wb") as handle:
+                while True:
+                    handle.write(b"\0" * 4096)
+                    handle.flush()
+        except OSError:
+            pass
+        assert main(["export", run_id, "--tensorboard", str(small / "tb")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "No space left on device" in err and "free space there" in err
+        assert not list((small / "tb").rglob("events.out.tfevents.*"))
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -185,7 +185,11 @@ def _export_elsewhere(store: Store, runs: list, args: argparse.Namespace) -> int
         if tensorboard_problem():
             raise UsageError(f"--tensorboard: {tensorboard_problem()}")
         logdir = _checked_logdir(args.tensorboard)
-        exported = {run.id: str(export_to_tensorboard(store, run.id, logdir)) for run in runs}
+        try:
+            exported = {run.id: str(export_to_tensorboard(store, run.id, logdir))
+                        for run in runs}
+        except OSError as exc:  # a full disk: the writer's one line, no traceback
+            raise UsageError(f"--tensorboard {shown(args.tensorboard)}: {exc.strerror or exc}")
         info = {"tensorboard": str(logdir), "runs": exported}
     if args.json:
         print(json.dumps(info))
