@@ -92,3 +92,38 @@ def test_twelve_concurrent_tag_commands_keep_twelve_tags(home):
         _, err = command.communicate(timeout=120)
         assert command.returncode == 0, err
     assert store.get_run(run_id).tags == {f"k{i}": str(i) for i in range(12)}
+
+
+@pytest.mark.slow
+def test_a_read_only_data_directory_is_called_read_only_not_corrupted(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from engine.store import StoreError
+
+    mount_point = tmp_path / "ro"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        home = mount_point / "lab"
+        run_id = _ended_run(Store(home))
+        subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+        with pytest.raises(StoreError) as raised:
+            Store(home)
+        message = str(raised.value)
+        assert "read-only" in message and "Nothing is damaged" in message
+        assert "corrupted" not in message and "damaged:" not in message
+        monkeypatch.setenv("PRECISION_LAB_HOME", str(home))
+        at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"),
+                               default_timeout=60)
+        at.run()
+        at.switch_page("pages/runs.py").run()
+        assert not at.exception, at.exception
+        assert any("read-only" in e.value for e in at.error)
+        assert (home / "runs" / run_id).is_dir()  # nothing touched
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -179,9 +179,27 @@ class StoreCore:
             raise StoreError(f"{self.db_path}: written by a newer Precision Lab (schema "
                              f"{exc.version} > {SCHEMA_VERSION}); upgrade this copy") from None
         except sqlite3.DatabaseError as exc:
-            problem = _storage_problem(exc) or ("cannot open the database; if the file is "
-                                                "corrupted, move it away and restart (runs/ is kept)")
+            problem = (_storage_problem(exc) or self._read_only_problem()
+                       or ("cannot open the database; if the file is corrupted, move it away "
+                           "and restart (runs/ is kept)"))
             raise StoreError(f"{self.db_path}: {problem} ({exc})") from exc
+
+    def _read_only_problem(self) -> str | None:
+        """Why the data directory cannot be written, when it cannot: SQLite then fails with
+        "unable to open database file", which must not read as a damaged database."""
+        try:
+            read_only_mount = bool(os.statvfs(self.home).f_flag & os.ST_RDONLY)
+        except OSError:
+            return None
+        if read_only_mount:
+            why = "its file system is mounted read-only"
+        elif not os.access(self.home, os.W_OK):
+            why = "this user may not write there"
+        else:
+            return None
+        return (f"the data directory {str(self.home)!r} is read-only ({why}); the database "
+                f"writes beside itself even to be read (SQLite's journal): make it writable or "
+                f"point {HOME_ENV} at a writable folder. Nothing is damaged")
 
     @property
     def runs_dir(self) -> Path:
@@ -204,7 +222,7 @@ class StoreCore:
         try:
             conn = self.open_connection()
         except sqlite3.DatabaseError as exc:
-            problem = _storage_problem(exc)
+            problem = _storage_problem(exc) or self._read_only_problem()
             if problem:
                 raise StoreError(f"{self.db_path}: {problem} ({exc})") from exc
             raise
