@@ -111,6 +111,19 @@ def interval_text(low: object, high: object) -> str:
     return f"{low:.2f}-{high:.2f}x"
 
 
+def loss_scale_text(scale: object) -> str:
+    """A GradScaler scale: "512", "65536"; a power of two past 2^20 as "2^32" (the loss-scale
+    chart's axis speaks in powers of two; "4.29497e+09" hides that)."""
+    if not measured(scale):
+        return NA
+    if scale > 0 and float(scale).is_integer():
+        exponent = int(scale).bit_length() - 1
+        if 1 << exponent == int(scale) and exponent > 20:
+            return f"2^{exponent}"
+        return f"{int(scale)}"
+    return f"{scale:g}"
+
+
 def mfu_text(mfu: object) -> str:
     """MFU as a percentage: "42.0 %"; a small one keeps two digits ("0.34 %")."""
     if not measured(mfu):

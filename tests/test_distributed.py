@@ -121,8 +121,6 @@ def test_two_rank_run_records_mean_loss_global_throughput_and_both_ranks_telemet
     device = torch.device("cpu")
     model = Trainer(cfg, device).model  # the same seed: the ranks' initial weights
     tasks = [SyntheticTask(cfg, device, stream=rank) for rank in (0, 1)]
-    for task in tasks:
-        task.batch()  # consumed by the FLOP-count step before step 1
     rank_gaps = []
     with torch.no_grad():
         for step in range(1, cfg.steps + 1):

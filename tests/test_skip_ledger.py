@@ -35,10 +35,9 @@ def test_a_layer_that_overflows_is_named_in_every_skip(broken_run):
     ledger = result.skip_ledger
     entries = ledger["entries"]
     assert result.skipped_steps >= 5 and entries
-    # the run's own steps, plus the FLOP-count step before step 1 (step 0)
-    assert [e["step"] for e in entries if e["step"] > 0] == sorted(
-        e["step"] for e in entries if e["step"] > 0)
-    assert len([e for e in entries if e["step"] > 0]) == result.skipped_steps
+    # the run's own steps only: the FLOP count before step 1 trains nothing, skips nothing
+    assert [e["step"] for e in entries] == sorted(e["step"] for e in entries)
+    assert entries[0]["step"] >= 1 and len(entries) == result.skipped_steps
     assert ledger["entries_total"] == len(entries)
     for entry in entries:
         assert entry["origin"] == "encoder"  # below the amplifier: where inf appeared
@@ -54,14 +53,16 @@ def test_a_layer_that_overflows_is_named_in_every_skip(broken_run):
 def test_the_ledger_reads_as_rows_and_one_sentence(broken_run):
     result, _rows = broken_run
     rows = ledger_rows(result.skip_ledger)
-    assert rows[0]["step"] == "0 (FLOP count)" and rows[0]["loss scale"] == "65536 -> 32768"
-    assert all(row["overflow entered at"] == "encoder" for row in rows)
+    assert rows[0]["step"] == "1" and rows[0]["loss scale"] == "65536 -> 32768"
+    # the parameters where the overflow entered, by their names in named_parameters()
+    assert all(row["overflow entered at"] in ("encoder.weight", "encoder.weight, encoder.bias")
+               for row in rows)
     assert all(row["non-finite layers"] == "1 of 2" for row in rows)
     assert all(row["largest finite gradient (scaled)"].endswith(" in head") for row in rows)
     sentence = ledger_sentence(result.skip_ledger, result.skipped_steps)
     assert sentence.startswith(f"The GradScaler skipped {result.skipped_steps} step(s) of the "
-                               "run and the FLOP-count step before step 1")
-    assert "encoder (" in sentence
+                               "run:")
+    assert "FLOP-count" not in sentence and "encoder.weight" in sentence
 
 
 def test_a_healthy_fp16_run_records_no_skip_and_other_modes_no_ledger():
@@ -99,8 +100,49 @@ def test_live_shows_the_ledger_and_show_json_carries_it(broken_run, home, monkey
     assert any(h.value == "Skipped steps: where fp16 overflowed" for h in at.subheader)
     table = next(frame.value for frame in at.dataframe
                  if "overflow entered at" in frame.value.columns)
-    assert set(table["overflow entered at"]) == {"encoder"}
+    assert set(table["overflow entered at"]) <= {"encoder.weight", "encoder.weight, encoder.bias"}
     assert any("The GradScaler skipped" in c.value for c in at.caption)
     assert cli_main(["show", run_id, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["summary"]["skip_ledger"]["entries"][0]["origin"] == "encoder"
+
+
+GRADSCALER_CASE = OVERFLOW.parent / "gradscaler_pytorch_case.py"
+
+
+def test_pytorchs_own_gradscaler_case_gives_pytorchs_scale_series_and_names_the_parameter():
+    """PyTorch's test expects 128 -> 256 -> 512 -> (skip) 256 -> 512: the FLOP count must
+    not train (it once grew the scale to 1024 before the skip)."""
+    cfg = RunConfig(model="custom", workload=str(GRADSCALER_CASE), precision="fp16-amp",
+                    steps=4, batch_size=8, profile=False, device="cpu", log_interval=1,
+                    optimizer="sgd", grad_scaler_init_scale=128.0,
+                    grad_scaler_growth_interval=1)
+    result, rows = _train(cfg)
+    assert [row["loss_scale"] for row in rows] == [256.0, 512.0, 256.0, 512.0]
+    assert result.loss_scale_final == 512.0 and result.skipped_steps == 1
+    (entry,) = result.skip_ledger["entries"]
+    assert entry["step"] == 3 and (entry["scale_before"], entry["scale_after"]) == (512.0, 256.0)
+    assert entry["origin"] == "1" and entry["origin_parameters"] == ["1.weight"]
+    (row,) = ledger_rows(result.skip_ledger)
+    assert row["overflow entered at"] == "1.weight" and row["loss scale"] == "512 -> 256"
+
+
+def test_the_flop_count_trains_nothing():
+    """Step 1 after the count sees the same weights, batch and random state as without it."""
+    import torch
+
+    from engine.training.loop import Trainer, measure_flops_per_step
+    cfg = RunConfig(model="resnet", size="tiny", precision="fp32", steps=2, batch_size=4,
+                    profile=False, device="cpu")
+    counted, plain = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"))
+    try:
+        assert measure_flops_per_step(counted) > 0
+        for name, value in counted.module.state_dict().items():
+            assert torch.equal(value, plain.module.state_dict()[name]), name
+        assert all(p.grad is None for p in counted.params)
+        loss_counted, _ = counted.step(1)
+        loss_plain, _ = plain.step(1)
+        assert torch.equal(loss_counted, loss_plain)
+    finally:
+        counted.close()
+        plain.close()

@@ -20,9 +20,10 @@ from engine.training.loop import Diverged, phase_of, train
 from engine.training.models import MLP_SPECS
 
 CPU_MODES = ["fp32", "bf16-amp", "fp16-amp", "bf16-pure"]
-# Measured on 2 CPU cores (seed 0, batch 8, 30 steps): final/first loss is 0.58 (mlp),
-# 0.60-0.61 (resnet), 0.49-0.52 (gpt) in every mode. 0.75 leaves room, still proves learning.
-LOSS_RATIO_MAX = 0.75
+# Measured on 2 CPU cores (seed 0, batch 8, 30 steps, fp32 and bf16-amp; step 1 is the
+# first update: the FLOP count before it trains nothing): final/first loss is 0.77 (mlp),
+# 0.74 (resnet), 0.50 (gpt). 0.85 leaves room, still proves learning.
+LOSS_RATIO_MAX = 0.85
 
 
 def run_train(cfg: RunConfig, **kwargs):

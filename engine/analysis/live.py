@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from engine.analysis.contention import BUSY_SHARE, UNRELIABLE
+from engine.display import loss_scale_text
 from engine.schema import STEADY, throughput_column, throughput_unit
 
 
@@ -101,6 +102,13 @@ def busy_words(summary: dict[str, Any], frame: pd.DataFrame) -> str | None:
             f"{100 * marks.mean():.0f} % of the steady steps so far): {UNRELIABLE}")
 
 
+def _origin_words(entry: dict[str, Any]) -> str:
+    """The parameters whose gradients overflowed first ("1.weight"), else their layer."""
+    if not entry["origin"]:
+        return "(no layer: the loss itself)"
+    return ", ".join(entry.get("origin_parameters") or []) or entry["origin"]
+
+
 def ledger_rows(ledger: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The skipped-step ledger (engine.training.skip_ledger) as table rows: one per kept
     skip, with the layer where the overflow entered (nearest the loss)."""
@@ -110,9 +118,10 @@ def ledger_rows(ledger: dict[str, Any] | None) -> list[dict[str, Any]]:
                         and layer["max_abs_grad_scaled"] is not None), None)
         rows.append({
             "step": "0 (FLOP count)" if entry["step"] == 0 else str(entry["step"]),
-            "loss scale": f"{entry['scale_before']:g} -> {entry['scale_after']:g}"
-            if entry["scale_after"] is not None else f"{entry['scale_before']:g}",
-            "overflow entered at": entry["origin"] or "(no layer: the loss itself)",
+            "loss scale": f"{loss_scale_text(entry['scale_before'])} -> "
+                          f"{loss_scale_text(entry['scale_after'])}"
+            if entry["scale_after"] is not None else loss_scale_text(entry["scale_before"]),
+            "overflow entered at": _origin_words(entry),
             "non-finite layers": f"{entry['nonfinite_layer_count']} of {entry['layer_count']}",
             "loss": "finite" if entry["loss_finite"] else "inf/NaN",
             "largest finite gradient (scaled)":
@@ -129,7 +138,7 @@ def ledger_sentence(ledger: dict[str, Any] | None, skipped_steps: int | None) ->
         return None
     origins: dict[str, int] = {}
     for entry in entries:
-        origin = entry["origin"] or "the loss itself"
+        origin = _origin_words(entry) if entry["origin"] else "the loss itself"
         origins[origin] = origins.get(origin, 0) + 1
     where = ", ".join(f"{name} ({count}x)" for name, count in
                       sorted(origins.items(), key=lambda item: -item[1])[:3])

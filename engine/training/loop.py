@@ -180,6 +180,9 @@ class Trainer:
         # the speedup check: its per-layer pass would land inside a timed block)
         self.ledger = (SkipLedger(self.module) if ledger and self.plan.scaler is not None
                        else None)
+        # A batch fetched ahead of its step (the FLOP count's): (step, inputs, targets),
+        # handed to that step so no batch is drawn twice or skipped.
+        self._pending_batch: tuple[int, Any, Any] | None = None
 
     def _workload_source(self) -> BatchSource:
         source = self.workload.batches
@@ -195,10 +198,43 @@ class Trainer:
         """End the batch source's DataLoader workers (train() calls it on every path)."""
         self.batches.close()
 
-    def step(self, step: int, want_grad_norm: bool = True,
-             ledger_step: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _batch(self, step: int) -> tuple[Any, Any]:
+        pending, self._pending_batch = self._pending_batch, None
+        if pending is not None and pending[0] == step:
+            return pending[1], pending[2]
+        return self.batches.next(step)
+
+    def forward_backward_untrained(self, step: int) -> None:
+        """One forward and backward on step `step`'s batch that changes nothing the run
+        keeps: no optimizer step, no GradScaler update, gradients cleared, BatchNorm
+        running statistics and the random generators restored; the batch is kept for
+        that step. What the FLOP count runs: the first update is the run's step 1."""
+        inputs, targets = self._pending_batch[1:] if (
+            self._pending_batch and self._pending_batch[0] == step) else self.batches.next(step)
+        self._pending_batch = (step, inputs, targets)
+        buffers = {name: buffer.detach().clone() for name, buffer in self.module.named_buffers()}
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        try:
+            with self.plan.autocast():
+                if isinstance(inputs, (tuple, list)):
+                    logits = self.model(*(_cast(x, self.plan) for x in inputs))
+                else:
+                    logits = self.model(_cast(inputs, self.plan))
+            self.loss_fn(logits, targets).backward()
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for name, buffer in self.module.named_buffers():
+                    if name in buffers:
+                        buffer.copy_(buffers[name])
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, self.device)
+
+    def step(self, step: int, want_grad_norm: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step. Returns (loss, grad_norm) as device tensors: no sync here.
-        A skip is recorded in the ledger under `ledger_step` when given, else `step`.
 
         The gradient norm costs a reduction over every gradient; it is computed when it is
         logged, and on every step under a GradScaler (a non-finite norm = a skipped step).
@@ -206,7 +242,7 @@ class Trainer:
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        inputs, targets = self.batches.next(step)
+        inputs, targets = self._batch(step)
         scaler = self.plan.scaler
         probe = self.probe if self.probe is not None and self.probe.wants(step) else None
         if probe is not None:  # sampled steps only: get_scale() is a host sync
@@ -237,8 +273,7 @@ class Trainer:
             entry = None
             # scaler.step reads its found-inf flag here anyway (a host sync on CUDA)
             if self.ledger is not None and not bool(torch.isfinite(grad_norm)):
-                entry = self.ledger.before_step(step if ledger_step is None else ledger_step,
-                                                float(scaler.get_scale()), loss)
+                entry = self.ledger.before_step(step, float(scaler.get_scale()), loss)
             scaler.step(self.optimizer)  # skipped internally when grads hold inf/NaN
             scaler.update()
             if entry is not None:
@@ -254,19 +289,19 @@ def _cast(value: Any, plan: PrecisionPlan) -> Any:
 
 
 def measure_flops_per_step(trainer: Trainer) -> float | None:
-    """FLOPs of one forward+backward, counted by torch.utils.flop_counter on the real model.
-
-    Runs one extra step outside the recorded ones (its update is applied, like a warm-up
-    step); None when the counter cannot run (e.g. some compiled graphs).
-    """
+    """FLOPs of one forward+backward, counted by torch.utils.flop_counter on the real model
+    with step 1's batch. Nothing is trained: no optimizer step, no GradScaler update (a
+    scaler series matches PyTorch's own), the batch is step 1's. None when the counter
+    cannot run (e.g. some compiled graphs)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
         counter = FlopCounterMode(display=False)
         with counter:
-            trainer.step(1, ledger_step=0)  # step 0 in the ledger: before the run's step 1
+            trainer.forward_backward_untrained(1)
         return float(counter.get_total_flops()) or None
     except Exception:  # the count is informative; a failure must not stop a run
+        trainer.optimizer.zero_grad(set_to_none=True)
         return None
 
 

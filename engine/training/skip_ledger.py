@@ -1,6 +1,7 @@
 """The skipped-step ledger (fp16-amp with a GradScaler): for every step the scaler skipped,
-the step (0: the FLOP-count step before step 1), the loss scale before and after, where the non-finite gradients were and each
-layer's largest gradient before unscaling.
+the step, the loss scale before and after, where the non-finite gradients were (the layers,
+and the parameters by their named_parameters() names) and each layer's largest gradient
+before unscaling.
 
 GradScaler skips a step when a gradient holds inf or NaN and halves its scale; the run's
 figures only count the skips. This says which layer overflowed. Cost: the loop reads the
@@ -30,8 +31,11 @@ MAX_LAYERS_SHOWN = 40   # per entry: every non-finite layer, then the largest fi
 
 class SkipLedger:
     def __init__(self, model: nn.Module):
-        # (name, own parameters) of every module that holds some, in the model's order
-        self.layers = [(name or type(module).__name__, list(module.parameters(recurse=False)))
+        # (name, own parameters by their full names) of every module that holds some, in
+        # the model's order: "1.weight", as model.named_parameters() names it
+        self.layers = [(name or type(module).__name__,
+                        [(f"{name}.{local}" if name else local, param)
+                         for local, param in module.named_parameters(recurse=False)])
                        for name, module in model.named_modules()
                        if any(True for _ in module.parameters(recurse=False))]
         self.entries: list[dict[str, Any]] = []
@@ -52,6 +56,9 @@ class SkipLedger:
             "step": step, "scale_before": scale, "scale_after": None,
             "loss_finite": bool(torch.isfinite(loss).all()),
             "origin": nonfinite[-1] if nonfinite else None,
+            # the origin layer's parameters whose gradients held inf/NaN
+            "origin_parameters": next((layer["nonfinite_parameters"] for layer in layers
+                                       if nonfinite and layer["layer"] == nonfinite[-1]), []),
             "nonfinite_layers": nonfinite[-MAX_LAYERS_SHOWN:][::-1],  # nearest the loss first
             "nonfinite_layer_count": len(nonfinite),
             "layers": shown[:MAX_LAYERS_SHOWN], "layer_count": len(layers),
@@ -65,21 +72,21 @@ class SkipLedger:
             entry["scale_after"] = scale
 
     def summary(self) -> dict[str, Any]:
-        # The run's skipped_steps (its figure) counts its own steps; the ledger also holds
-        # the FLOP-count step before step 1 (step 0), which the scaler can skip too.
         return {"entries": self.entries, "entries_total": self.skipped,
                 "entries_kept": len(self.entries), "max_entries": MAX_ENTRIES}
 
 
-def _layer_record(name: str, params: list[torch.Tensor], scale: float) -> dict[str, Any]:
-    grads = [p.grad for p in params if p.grad is not None]
+def _layer_record(name: str, params: list[tuple[str, torch.Tensor]], scale: float
+                  ) -> dict[str, Any]:
+    grads = [(full, p.grad) for full, p in params if p.grad is not None]
     if not grads:
         return {"layer": name, "nonfinite": False, "max_abs_grad_scaled": None,
-                "nonfinite_params": 0}
-    nonfinite_params = sum(int(not bool(torch.isfinite(g).all())) for g in grads)
+                "nonfinite_params": 0, "nonfinite_parameters": []}
+    nonfinite = [full for full, g in grads if not bool(torch.isfinite(g).all())]
     # the largest finite value: a non-finite layer says how large the rest of it was
-    largest = max(float(g.detach().abs().float().nan_to_num(nan=0.0, posinf=0.0).max()) for g in grads)
+    largest = max(float(g.detach().abs().float().nan_to_num(nan=0.0, posinf=0.0).max())
+                  for _full, g in grads)
     scaled = largest * scale
-    return {"layer": name, "nonfinite": nonfinite_params > 0,
+    return {"layer": name, "nonfinite": bool(nonfinite),
             "max_abs_grad_scaled": scaled if math.isfinite(scaled) else None,
-            "nonfinite_params": nonfinite_params}
+            "nonfinite_params": len(nonfinite), "nonfinite_parameters": nonfinite}
