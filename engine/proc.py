@@ -18,7 +18,7 @@ from typing import Callable
 
 import psutil
 
-from engine.schema import HOME_ENV, RUN_ID_ENV
+from engine.schema import HOME_ENV, RUN_ID_ENV, RUNS_DIRNAME
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,12 +216,14 @@ def processes_of_run(home: Path, run_id: str) -> list[psutil.Process]:
 
 
 def kill_processes_of_run(home: Path, run_id: str) -> int:
-    """SIGKILL what is left of a run (processes_of_run); how many there were."""
+    """SIGKILL what is left of a run: its cgroup where it has one (whatever its processes
+    did), then what carries its marks (processes_of_run); how many there were."""
+    in_cgroup = end_cgroup(run_cgroup(Path(home) / RUNS_DIRNAME / run_id))
     leftovers = processes_of_run(home, run_id)
     for proc in leftovers:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    return len(leftovers)
+    return in_cgroup + len(leftovers)
 
 
 def is_standby(proc: psutil.Process) -> bool:
@@ -243,11 +245,13 @@ def _reap_orphans() -> None:
             return
 
 
-def child_setup(parent_pid: int, cap_mb: int = 0):
-    """A preexec_fn for a trainer: die with `parent_pid`, and the memory cap if any."""
+def child_setup(parent_pid: int, cap_mb: int = 0, cgroup: Path | None = None):
+    """A preexec_fn for a trainer: die with `parent_pid`, the memory cap if any, and into
+    the run's cgroup if it has one (make_run_cgroup)."""
     cap = memory_cap(cap_mb)
 
     def apply() -> None:  # runs in the child between fork and exec
+        join_cgroup(cgroup)
         die_with_parent(parent_pid)
         if cap is not None:
             cap()
@@ -362,3 +366,170 @@ def group_alive(pgid: int) -> bool:
         except (ProcessLookupError, PermissionError, OSError):
             continue
     return False
+
+
+# ---------------------------------------------------------------------------------------
+# a run's own cgroup: its processes in reach whatever they do
+#
+# The subreaper and the environment marks find a workload's processes only while their
+# reaper lives and while they keep the marks: a daemon that double-forks and scrubs its
+# environment escapes both once the supervisor and the trainer are SIGKILLed. A cgroup
+# holds every descendant whatever it does (fork, setsid, exec, a new environment), and is
+# ended as a whole. Where this machine lets the user make one: cgroup v2, else v1's
+# freezer; the folder's path is kept in runs/<id>/cgroup, so whoever ends the run (the
+# supervisor, or reconcile after it died) finds it.
+
+RUN_CGROUP_FILE = "cgroup"  # in the run's folder: the path of the run's cgroup
+CGROUP_PARENT = "precision-lab"  # beside this process's own cgroup, one folder per run
+PROC_MOUNTS = Path("/proc/self/mounts")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def _cgroup_mounts() -> tuple[Path | None, Path | None]:
+    """(the cgroup v2 mount, the v1 freezer mount), each None when absent."""
+    v2 = freezer = None
+    try:
+        lines = PROC_MOUNTS.read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        where, kind, options = Path(fields[1]), fields[2], fields[3].split(",")
+        if kind == "cgroup2" and v2 is None:
+            v2 = where
+        elif kind == "cgroup" and "freezer" in options and freezer is None:
+            freezer = where
+    return v2, freezer
+
+
+def _own_cgroup(hierarchy: str) -> str:
+    """This process's cgroup path in the v2 hierarchy ("") or a v1 controller's."""
+    try:
+        for line in PROC_CGROUP.read_text().splitlines():
+            number, controllers, path = line.split(":", 2)
+            if (hierarchy == "" and number == "0") or hierarchy in controllers.split(","):
+                return path.lstrip("/")
+    except (OSError, ValueError):
+        pass
+    return ""
+
+
+def run_cgroup_parent() -> tuple[Path | None, str]:
+    """Where runs' cgroups go on this machine: (folder, "cgroup v2" | "cgroup v1 freezer"),
+    or (None, why not). Made if missing: the answer is whether it can be."""
+    v2, freezer = _cgroup_mounts()
+    problems = []
+    for mount, kind, hierarchy in ((v2, "cgroup v2", ""), (freezer, "cgroup v1 freezer",
+                                                           "freezer")):
+        if mount is None:
+            problems.append(f"no {kind} mount")
+            continue
+        parent = mount / _own_cgroup(hierarchy) / CGROUP_PARENT
+        try:
+            parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            problems.append(f"{kind} at {mount}: {parent} cannot be made "
+                            f"({exc.strerror or exc})")
+            continue
+        if os.access(parent / "cgroup.procs", os.W_OK):
+            return parent, kind
+        problems.append(f"{kind}: {parent}/cgroup.procs is not writable")
+    return None, "; ".join(problems) or "no cgroup file system"
+
+
+def make_run_cgroup(run_dir: Path, run_id: str) -> Path | None:
+    """The run's cgroup (made, its path written to runs/<id>/cgroup), or None where the
+    machine does not allow one (engine doctor says why)."""
+    parent, _kind = run_cgroup_parent()
+    if parent is None:
+        return None
+    group = parent / run_id
+    try:
+        group.mkdir(exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_CGROUP_FILE).write_text(str(group) + "\n")
+    except OSError:
+        return None
+    return group
+
+
+def run_cgroup(run_dir: Path) -> Path | None:
+    """The run's cgroup recorded in its folder, when it still exists."""
+    try:
+        group = Path((run_dir / RUN_CGROUP_FILE).read_text().strip())
+    except OSError:
+        return None
+    # Only a folder of ours: the file is in the data directory, not a place to trust blindly.
+    if group.name and group.parent.name == CGROUP_PARENT and (group / "cgroup.procs").is_file():
+        return group
+    return None
+
+
+def join_cgroup(group: Path | None) -> bool:
+    """Move the calling process into `group` ("0": the writer); its later children follow.
+    Safe between fork and exec (one write)."""
+    if group is None:
+        return False
+    try:
+        fd = os.open(group / "cgroup.procs", os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+
+
+def cgroup_pids(group: Path) -> list[int]:
+    try:
+        return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def end_cgroup(group: Path | None, timeout_s: float = 5.0) -> int:
+    """SIGKILL every process in `group` and remove it; how many there were. The caller is
+    never in it (a supervisor starts its trainer there, it does not join). v2 with
+    cgroup.kill: one write; else the group is frozen first (v2's cgroup.freeze, v1's
+    freezer.state), so nothing forks between the list and the kill, then thawed for the
+    SIGKILLs to be delivered."""
+    import time
+
+    if group is None or not group.is_dir():
+        return 0
+    pids = [pid for pid in cgroup_pids(group) if pid != os.getpid()]
+    if pids:
+        if (group / "cgroup.kill").exists():
+            _write(group / "cgroup.kill", "1")
+        else:
+            freeze, frozen, thawed = ((group / "cgroup.freeze", "1", "0")
+                                      if (group / "cgroup.freeze").exists() else
+                                      (group / "freezer.state", "FROZEN", "THAWED"))
+            _write(freeze, frozen)
+            for pid in cgroup_pids(group):
+                if pid != os.getpid():
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            _write(freeze, thawed)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # A dead process handed to us (a subreaper) holds the group until it is collected.
+        _reap_orphans()
+        try:
+            group.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:  # EBUSY: a process still dying or not yet collected
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    return len(pids)
+
+
+def _write(path: Path, text: str) -> None:
+    with contextlib.suppress(OSError):
+        path.write_text(text)

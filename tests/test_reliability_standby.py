@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import pytest
 
@@ -90,3 +91,45 @@ def test_a_listener_of_another_user_is_refused(home, monkeypatch, capsys):
         os.waitpid(child, 0)
         os.close(ready_read)
         os.close(ready_write)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_app_stopped_mid_run_leaves_no_standby_behind(store, monkeypatch, wait_for):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from engine.config import RunConfig
+    from engine.run.launcher import launch
+    from engine.schema import FINISHED
+
+    monkeypatch.setenv(standby.ENABLE_ENV, "1")
+    app = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        standby.want(store, app.pid)  # what the app's server does when it starts
+        standby.ensure(store)
+        wait_for(lambda: standby.ping(store.home), 90, interval_s=0.2,
+                 message="the app's standby to listen")
+        run_id = launch(RunConfig(model="mlp", batch_size=8, steps=40, profile=False,
+                                  device="cpu"), store=store)
+        wait_for(lambda: store.metrics_count(run_id) >= 1, 90, message="a first step")
+        assert "from the standby" in (store.run_dir(run_id) / "worker.log").read_text()
+    finally:
+        app.kill()  # the app's server stops while the run trains
+        app.wait()
+    run = wait_for(lambda: (r := store.get_run(run_id)).status == FINISHED and r, 120,
+                   message="the run to finish")
+    wait_for(lambda: not psutil.pid_exists(run.pid), 30, message="the supervisor to exit")
+
+    def standbys() -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if "engine.run.standby" in (p.info["cmdline"] or [])
+                and str(store.home) in (p.info["cmdline"] or [])
+                and p.status() != psutil.STATUS_ZOMBIE]
+
+    time.sleep(2.0)
+    assert standby.ping(store.home) is None
+    wait_for(lambda: not standbys(), 15, message=lambda: f"no standby left: {standbys()}")
+    assert "no successor standby" in (store.run_dir(run_id) / "worker.log").read_text()

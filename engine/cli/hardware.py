@@ -62,6 +62,8 @@ def format_doctor(report: dict[str, Any]) -> str:
     lines.append("optional parts: " + "; ".join(
         f"{part['module']} {'yes' if part['installed'] else 'no (' + part['install'] + ')'}"
         for part in report["optional"]))
+    if report.get("run_cgroup"):
+        lines.append(report["run_cgroup"]["line"])
     lines.append("")
     for dev in report["devices"]:
         memory = memory_text(dev.get("memory_bytes"))  # as the app's device card

@@ -16,6 +16,7 @@ from engine.analysis.cpu_evidence import device_mode_words
 from engine.diagnostics.onednn_probe import cached_or_probe
 from engine.hardware.devices import list_devices
 from engine.hardware.nvml import nvml_unavailable_reason
+from engine.proc import run_cgroup_parent
 from engine.support import optional_parts, torch_support
 
 
@@ -43,8 +44,23 @@ def doctor_report(probe: bool = True) -> dict[str, Any]:
         "optional": [part.to_dict() for part in optional_parts()],
         "nvml_available": nvml_reason is None,
         "nvml_reason": nvml_reason,
+        "run_cgroup": run_cgroup_report(),
         "devices": devices,
     }
+
+
+def run_cgroup_report() -> dict[str, Any]:
+    """Whether each run gets its own cgroup here (engine.proc.make_run_cgroup), and if not
+    what a run's processes can then escape: one line for `doctor`."""
+    parent, kind = run_cgroup_parent()
+    if parent is not None:
+        line = (f"run cgroups: yes ({kind}, {parent}): every process a run starts is ended "
+                "with it, also after its supervisor and trainer are killed")
+        return {"available": True, "kind": kind, "where": str(parent), "line": line}
+    line = (f"run cgroups: no ({kind}). A run's processes are found by the subreaper and "
+            "their environment marks only: a daemon that double-forks and clears its "
+            "environment outlives a run whose supervisor and trainer are both killed")
+    return {"available": False, "kind": None, "where": None, "reason": kind, "line": line}
 
 
 def _probe(dev) -> str | None:

@@ -58,10 +58,12 @@ from engine.proc import (
     die_with_parent,
     end_descendants,
     is_alive,
+    join_cgroup,
     make_private,
     open_private_log,
     process_create_time,
     reap_when_done,
+    run_cgroup,
     set_process_name,
     trainer_name,
 )
@@ -224,6 +226,14 @@ def wanted(home: Path) -> bool:
     return _live_pid(_read_json(Path(home) / STANDBY_WANTED)) is not None
 
 
+def app_gone(home: Path) -> bool:
+    """True when an app asked for standbys here (`want`) and its server has ended: a run
+    it launched that ends later must not start a successor nobody will use (~300 MB for
+    30 minutes)."""
+    record = _read_json(Path(home) / STANDBY_WANTED)
+    return bool(record.get("pid")) and _live_pid(record) is None
+
+
 def keep(store: Store) -> int | None:
     """`ensure` when a standby is wanted for this data directory (the app runs), else
     nothing: a run from a terminal with no app leaves no daemon behind. Never raises."""
@@ -256,10 +266,13 @@ def ensure(store: Store) -> int | None:
     if existing is not None:
         return existing
 
+    # For the app while its server lives: then it ends with the server, even one that ends
+    # while this one still imports torch.
+    for_app = ["--for-app"] if wanted(store.home) else []
     log_path = store.home / STANDBY_LOG
     with open_private_log(log_path) as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.run.standby", "--home", str(store.home)],
+            [sys.executable, "-m", "engine.run.standby", "--home", str(store.home), *for_app],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=str(PROJECT_ROOT), env=child_env(store.home),
             start_new_session=True, close_fds=True)
@@ -374,8 +387,9 @@ def _peer_uid(conn: socket.socket) -> int:
     return _peer_credentials(conn)[1]
 
 
-def serve(home: Path) -> int:
-    """Listen until a run arrives, train it in a forked child, report, exit."""
+def serve(home: Path, for_app: bool = False) -> int:
+    """Listen until a run arrives, train it in a forked child, report, exit. `for_app`:
+    started for the app's server, and ends with it."""
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
     become_subreaper()  # a trainer killed mid-run hands its workload's children to us
@@ -394,7 +408,7 @@ def serve(home: Path) -> int:
     idle_deadline = time.monotonic() + IDLE_EXIT_S
     # Kept for the app: it ends with the app's server (a stopped server must not leave
     # ~300 MB waiting for 30 minutes). A standby started from the terminal has no owner.
-    for_the_app = wanted(home)
+    for_the_app = for_app or wanted(home)
     while not stop["requested"] and time.monotonic() < idle_deadline:
         ready, _, _ = select.select([listener], [], [], HOME_CHECK_S)
         if not Path(home).is_dir():
@@ -480,6 +494,9 @@ def _child_main(run_id: str, home: Path) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         store = Store(home)
+        # Into the run's cgroup (its supervisor made it): what the workload starts stays in
+        # reach when this trainer, the standby and the supervisor are all killed.
+        join_cgroup(run_cgroup(store.run_dir(run_id)))
         # The trainer's output goes to the run's own log, as a fresh trainer's would.
         log = os.open(store.run_dir(run_id) / WORKER_LOG,
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -534,8 +551,10 @@ def _end_child(pid: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.run.standby")
     parser.add_argument("--home", required=True, help="the data directory to serve")
+    parser.add_argument("--for-app", action="store_true",
+                        help="started for the app's server: exit when it has ended")
     args = parser.parse_args(argv)
-    return serve(Path(args.home))
+    return serve(Path(args.home), for_app=args.for_app)
 
 
 if __name__ == "__main__":

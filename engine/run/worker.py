@@ -25,6 +25,7 @@ from engine.proc import (
     end_descendants,
     is_standby,
     kill_processes_of_run,
+    make_run_cgroup,
     memory_cap,
     process_create_time,
     sigkill_cause,
@@ -120,6 +121,9 @@ def _start_trainer(run_id: str, run, store: Store):
     Memory-capped runs always start fresh: RLIMIT_AS must be set before PyTorch maps.
     """
     cap_mb = run.config.memory_cap_mb if run.device_key == "cpu" else 0
+    # The trainer and all it starts go into the run's cgroup (a standby's forked trainer
+    # joins it itself): ended as a whole at the end, or by reconcile if this process dies.
+    group = make_run_cgroup(store.run_dir(run_id), run_id)
     if not cap_mb:
         trainer = standby.hand_off(run_id, store.home)
         if trainer is not None:
@@ -129,11 +133,15 @@ def _start_trainer(run_id: str, run, store: Store):
     # The trainer dies with this supervisor (a SIGKILLed supervisor must not leave it
     # training into a run that reconcile marks failed).
     return subprocess.Popen([sys.executable, "-m", "engine.run.worker", "--train", run_id],
-                            preexec_fn=child_setup(os.getpid(), cap_mb))
+                            preexec_fn=child_setup(os.getpid(), cap_mb, group))
 
 
 def _replace_standby(store: Store) -> None:
-    """Keep one standby ready for the next launch; started after the run, not beside it."""
+    """Keep one standby ready for the next launch; started after the run, not beside it.
+    None when the app that wanted standbys has stopped meanwhile: nobody would use it."""
+    if standby.app_gone(store.home):
+        print("[supervisor] the app's server has ended: no successor standby", flush=True)
+        return
     try:
         standby.ensure(store)
     except OSError as exc:  # the run's outcome is recorded; a standby is an optimisation
