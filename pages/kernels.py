@@ -512,8 +512,10 @@ def cpu_report(evidence: dict) -> None:
                      hide_index=True, key="onednn_by_kind", placeholder=NA)
 
 
+# A run whose window could not be kept (a full disk) is listed too: its reason is the answer.
 runs = [r for r in store.list_runs(limit=500)
-        if (store.run_dir(r.id) / TRACE_FILENAME).exists() or r.summary.get("cpu_evidence")]
+        if (store.run_dir(r.id) / TRACE_FILENAME).exists() or r.summary.get("cpu_evidence")
+        or r.summary.get("profile_error")]
 source = st.radio("Source", ["A run's profiler window", "Upload a trace file",
                             "Upload one job's rank traces"], horizontal=True,
                   key="kernels_source")

@@ -169,3 +169,17 @@ def test_an_uploaded_trace_leaves_no_temporary_copy_and_old_ones_are_removed(
     assert not at.exception, at.exception
     assert any("Tensor Cores" in e.value for e in at.error)  # the report drew ("no": red)
     assert _leftovers(temp) == [fresh_of_another_session.name]
+
+
+def test_a_trace_dropped_on_a_full_disk_is_said_on_live_and_kernels(home):
+    store = Store(home)
+    run_id = _ended_run(store, "full disk")
+    reason = "the trace could not be written: the data directory's disk is full"
+    store.merge_summary(run_id, {"profile_error": reason})
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    for page in ("pages/live.py", "pages/kernels.py"):
+        at.switch_page(page).run()
+        assert not at.exception, (page, at.exception)
+        shown = " ".join(e.value for e in at.error).replace("\\", "")
+        assert reason in shown, (page, shown)
