@@ -211,14 +211,17 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
                    help="CUDA: peak allocated. CPU: peak resident set size of the process")
     # The tile is chosen by whether a peak is known (fixed before the first step), not by
     # whether a value has arrived yet, so it does not flip between the two while running.
+    # Always MFU (the same tile on every run): n/a with the achieved TFLOP/s in its help
+    # where no peak is known for this precision.
     if summary.get("peak_flops"):
         cols[4].metric("MFU", mfu_text(head.mfu),
                        help=f"Against the {peak_words(summary)}. "
                             f"{summary.get('mfu_note') or ''}")
     else:
-        cols[4].metric("Achieved TFLOP/s", fmt_num(head.achieved_tflops, 3),
-                       help=summary.get("mfu_note") or "MFU is n/a until the device's peak "
-                       "for this precision is known; achieved TFLOP/s from measured FLOPs")
+        cols[4].metric("MFU", mfu_text(None),
+                       help=f"Achieved {fmt_num(head.achieved_tflops, 3)} TFLOP/s. "
+                            + (summary.get("mfu_note") or "MFU is n/a until the device's peak "
+                               "for this precision is known"))
     both = both_mfu_words(summary)  # the datasheet's and the measured one, each named
     if both:
         st.caption(plain(both))

@@ -90,7 +90,7 @@ for column in ("duration_s", "throughput", "peak_memory", "final_loss", "mfu_pct
     table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN: the grid's "n/a"
 # What a person scans at 1280 px; the label carries model, precision and batch size.
 MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "peak_memory", "final_loss",
-                "mfu_pct", "created"]
+                "mfu", "created"]
 MORE_COLUMNS = ["run_id", "device", "model", "precision", "batch_size", "duration_s", "tags",
                 "note", "reason"]
 with st.expander("More columns"):
@@ -137,6 +137,7 @@ event = st.dataframe(
                                                      format=memory_printf(memory_column_unit)),
         "final_loss": st.column_config.NumberColumn("final loss", format=LOSS_PRINTF),
         "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.1f"),
+        "mfu": st.column_config.TextColumn("MFU"),
         "tags": st.column_config.TextColumn("tags", width="medium"),
         "note": st.column_config.TextColumn("note", width="medium"),
         "reason": st.column_config.TextColumn("reason", width="medium"),

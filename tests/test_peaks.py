@@ -386,23 +386,23 @@ def test_the_next_run_after_a_poisoned_cache_reports_a_plausible_mfu(home, cli):
                    "--batch-size", "64", "--no-profile", "--json", timeout=240)
         assert proc.returncode == 0, proc.stderr[-2000:]
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        if result["mfu"] is not None:
+        # the headline MFU is against the ISA peak whatever the cache holds (one basis)
+        assert result["mfu"] == pytest.approx(result["mfu_peaks"]["datasheet"]["mfu"])
+        if result["mfu_peaks"]["measured"]["mfu"] is not None:
             break
         # Refused as busy (other processes, or the hypervisor's steal on a shared VM): the
         # poisoned record is not used either, the ISA-peak MFU still is, and the next run
         # measures again.
-        run = json.loads(cli("show", result["run_id"], "--json").stdout)
-        note = run["summary"]["mfu_note"]
-        assert "peak not usable: measured while the machine was busy" in note, note
-        assert result["mfu_peaks"]["measured"]["mfu"] is None
         assert result["mfu_peaks"]["datasheet"]["mfu"] > 0
-        refusals.append(note)
+        refusals.append(result["mfu_peaks"]["measured"]["label"])
         time.sleep(2.0)
-    if result["mfu"] is None:
+    measured = result["mfu_peaks"]["measured"]
+    if measured["mfu"] is None:
         pytest.skip(f"every peak measurement was refused as busy: {refusals}")
-    assert 0.0 < result["mfu"] <= 1.0
-    assert result["mfu_peak"].startswith("measured fp32 matmul peak, ")
-    assert "(a run, " in result["mfu_peak"] and "machine quiet" in result["mfu_peak"]
+    assert 0.0 < measured["mfu"] <= 1.0
+    assert result["mfu_peak"].startswith("ISA peak of this CPU for fp32")
+    assert measured["label"].startswith("measured fp32 matmul peak, ")
+    assert "(a run, " in measured["label"] and "machine quiet" in measured["label"]
     records = [r for k, r in read_cache().items() if "|fp32|" in k and r.get("version") == 2
                and not r.get("busy")]
     assert records and all(r["flops_per_s"] > 1e9 for r in records)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from engine.config import ConfigError
+from engine.display import mfu_text
 from engine.schema import throughput_column, throughput_unit
 from engine.store import RunRecord
 from engine.store.manage import TAG_KEY_RE
@@ -129,6 +130,8 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "peak_mem_bytes": peak if isinstance(peak, (int, float)) and peak else None,
         "final_loss": _finite(s.get("final_loss")),
         "mfu_pct": 100 * s["mfu"] if _finite(s.get("mfu")) else None,
+        # the same digits as Live, Compare, the report and the CLI (printf cannot switch them)
+        "mfu": mfu_text(s.get("mfu")),
         "device": run.device_key,
         "archived": run.archived, "reason": run.reason or "",
     }

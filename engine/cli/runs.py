@@ -39,6 +39,7 @@ from engine.run.batch_search import find_max_batch
 from engine.run.launcher import launch, reconcile, stop
 from engine.display import (
     NA,
+    loss_scale_text,
     loss_text,
     memory_text,
     mfu_text,
@@ -296,7 +297,7 @@ def _format_summary(summary: dict[str, Any]) -> str:
             ("peak memory", memory_text(summary.get("peak_mem_bytes"))),
             ("MFU", mfu_text(summary.get("mfu"))
              + (f" (against {summary['mfu_peak']})" if summary.get("mfu_peak") else "")),
-            ("final loss scale", f"{scale:g}" if scale is not None else NA),
+            ("final loss scale", loss_scale_text(scale)),
             ("skipped steps", summary.get("skipped_steps")),
             ("device", summary.get("device"))):
         lines.append(f"  {label:<18} {value}")
