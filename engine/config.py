@@ -206,6 +206,32 @@ def bounds(field_name: str) -> tuple[int | float, int | float]:
     return low, high
 
 
+def plain_number(value: int | float) -> str:
+    """A bound as people write it: "1,000,000", "65536" in digits, "0.001", never
+    "1e+06" (a range printed as "1..1e+06" reads as a typo)."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:.10f}".rstrip("0").rstrip(".")
+
+
+_WHOLE_NUMBER = re.compile(r"^[+-]?\d[\d,_]*$")
+
+
+def parse_whole(field_name: str, text: str, label: str | None = None) -> int:
+    """A whole-number field typed as text: digits only (commas and underscores between them
+    allowed), within the field's bounds. "1e9", "3.7" or "" raise ConfigError naming the
+    field, the value and the allowed range: never silently 1 or 3."""
+    low, high = bounds(field_name)
+    allowed = f"a whole number from {plain_number(low)} to {plain_number(high)}"
+    text = str(text).strip()
+    if not _WHOLE_NUMBER.match(text):
+        raise ConfigError(label or field_name, text, allowed)
+    number = int(text.replace(",", "").replace("_", ""))
+    if not low <= number <= high:
+        raise ConfigError(label or field_name, text, allowed)
+    return number
+
+
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d{1,2})?)$")
 _NAME_RE = re.compile(r"^[\w .,:+()\-]{0,80}$")
 # A workload: a file path ending in .py, or an importable module:function (never run

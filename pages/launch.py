@@ -142,7 +142,8 @@ def apply_prefill() -> str | None:
             value = "auto"  # e.g. a GPU this machine does not have
         if field_name == "workload" and value not in {w.path for w in WORKLOAD_FILES}:
             continue  # not offered here (another folder): the user picks one
-        st.session_state[key] = float(value) if field_name in FLOAT_FIELDS else value
+        st.session_state[key] = (float(value) if field_name in FLOAT_FIELDS
+                                 else NumberInputs.state_value(field_name, value))
     return prefill["run_id"]
 
 
@@ -200,8 +201,9 @@ with right:
 
 usable_gpus = [d.key for d in devices if d.kind == "cuda" and d.torch_usable]
 max_procs = max_procs_for(device, usable_gpus, os.cpu_count())
-if st.session_state.get("nprocs", 1) > max_procs:  # e.g. after switching to a smaller device
-    st.session_state["nprocs"] = max_procs
+_procs_typed = str(st.session_state.get("nprocs", "1")).strip()
+if _procs_typed.isdigit() and int(_procs_typed) > max_procs:
+    st.session_state["nprocs"] = str(max_procs)  # e.g. after switching to a smaller device
 procs_col, sharding_col, hook_col = st.columns(3)
 with procs_col:
     nprocs = numbers.number("Processes", "nprocs", high=max_procs, value=1, step=1,

@@ -13,7 +13,7 @@ from typing import Callable
 
 import streamlit as st
 
-from engine.config import OPEN_LOW_BOUNDS, bounds
+from engine.config import INT_BOUNDS, OPEN_LOW_BOUNDS, ConfigError, bounds, parse_whole, plain_number
 from engine.store import Store, StoreError
 from engine.store.db import RUN_ID_RE
 
@@ -221,21 +221,51 @@ class NumberInputs:
     def __init__(self) -> None:
         self.problems: list[str] = []
 
+    @staticmethod
+    def state_value(field: str, value):
+        """What a prefill writes into this field's session state: whole-number fields are
+        text inputs (see number), so their state is text."""
+        return str(int(value)) if field in INT_BOUNDS else value
+
     def number(self, label: str, field: str, *, key: str, value, step,
                high=None, low=None, help: str | None = None, format: str | None = None):
         lowest, highest = bounds(field)
         lowest = lowest if low is None else low
         highest = highest if high is None else high
+        if field in INT_BOUNDS:
+            return self._whole(label, field, key, value, lowest, highest, help)
         open_low = field in OPEN_LOW_BOUNDS and low is None
-        allowed = f"above {lowest:g} up to {highest:g}" if open_low else f"{lowest:g}..{highest:g}"
+        allowed = (f"above {plain_number(lowest)} up to {plain_number(highest)}" if open_low
+                   else f"{plain_number(lowest)} to {plain_number(highest)}")
         entered = st.number_input(label, value=value, step=step, key=key, format=format,
                                   help=f"{help + ' ' if help else ''}Allowed: {allowed}.")
         below = entered <= lowest if open_low else entered < lowest
         if below or entered > highest:
-            problem = f"{label}: {entered:g} is outside the allowed range {allowed}"
+            problem = f"{label}: {plain_number(entered)} is outside the allowed range {allowed}"
             self.problems.append(problem)
             st.error(problem)
         return entered
+
+    def _whole(self, label: str, field: str, key: str, value: int, lowest: int, highest: int,
+               help: str | None) -> int:
+        """A whole number typed as text and parsed strictly: a browser's number input turns
+        "1e9" into 1 and "3.7" into 3 without a word; here either is named with the range
+        and disables the buttons. The value returned then is the default, never launched."""
+        allowed = f"{plain_number(lowest)} to {plain_number(highest)}"
+        entered = st.text_input(label, value=str(value), key=key,
+                                help=f"{help + ' ' if help else ''}Allowed: a whole number "
+                                     f"from {allowed}.")
+        try:
+            number = parse_whole(field, entered, label)
+            if not lowest <= number <= highest:  # a page's own narrower range (processes)
+                raise ConfigError(label, entered, f"a whole number from {allowed}")
+            return number
+        except ConfigError as exc:
+            shown = str(entered).strip()[:40] or "(empty)"
+            problem = f"{label}: {shown} is not {exc.fix}"
+            self.problems.append(problem)
+            st.error(plain(problem))  # what was typed: shown as text, never Markdown
+            return value
 
 
 # -- ids in the page's address ----------------------------------------------------------

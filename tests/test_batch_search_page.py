@@ -106,7 +106,7 @@ def test_the_result_names_the_cap_and_launch_with_this_batch_prefills_the_form(l
     at.button(key="launch_with_batch").click().run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Launch a run"
-    assert at.number_input(key="batch_size").value == 48
+    assert at.text_input(key="batch_size").value == "48"
     assert any(run_id in info.value for info in at.info)
     assert len(store.list_runs()) == 1  # nothing launched by opening the form
 

@@ -456,7 +456,7 @@ def test_launch_refuses_an_out_of_range_batch_size_on_screen(server, page, store
     browser kept the last valid value (16) and Launch started a run with it."""
     goto(page, f"{server.url}/", TITLES[""])
     set_number(page, "batch_size", 0)
-    message = "Batch size: 0 is outside the allowed range 1..65536"
+    message = "Batch size: 0 is not a whole number from 1 to 65,536"
     page.get_by_text(message, exact=True).first.wait_for(state="visible", timeout=10_000)
     launch = page.get_by_role("button", name="Launch run", exact=True)
     assert launch.is_disabled(), "Launch run is still enabled with batch size 0"

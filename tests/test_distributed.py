@@ -542,9 +542,9 @@ def _app():
 def test_launch_page_process_choices_are_disabled_for_one_process(home):
     at = _app()
     at.selectbox(key="device").set_value("cpu").run()
-    assert at.number_input(key="nprocs").value == 1
+    assert at.text_input(key="nprocs").value == "1"
     assert at.selectbox(key="sharding").disabled and at.selectbox(key="comm_hook").disabled
-    at.number_input(key="nprocs").set_value(2).run()
+    at.text_input(key="nprocs").set_value("2").run()
     assert not at.exception, at.exception
     assert not at.selectbox(key="sharding").disabled
     assert not at.selectbox(key="comm_hook").disabled
@@ -564,9 +564,9 @@ def test_launch_page_starts_a_two_process_run(home, store, wait_for):
     at = _app()
     at.selectbox(key="device").set_value("cpu")
     at.selectbox(key="model").set_value("mlp")
-    at.number_input(key="steps").set_value(5)
+    at.text_input(key="steps").set_value("5")
     at.checkbox(key="profile").uncheck()
-    at.number_input(key="nprocs").set_value(2).run()
+    at.text_input(key="nprocs").set_value("2").run()
     at.selectbox(key="comm_hook").set_value("fp16").run()
     at.button(key="launch").click().run()
     assert not at.exception, at.exception

@@ -94,10 +94,10 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
     at.selectbox(key="model").set_value("gpt")
     at.selectbox(key="size").set_value("tiny")
     at.selectbox(key="precision").set_value("bf16-amp")
-    at.number_input(key="batch_size").set_value(8)
+    at.text_input(key="batch_size").set_value("8")
     # Long enough for several 0.5 s flushes even where bf16 runs natively (~20 ms a step).
     steps = 150
-    at.number_input(key="steps").set_value(steps)
+    at.text_input(key="steps").set_value(str(steps))
     at.button(key="launch").click().run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Live"
@@ -132,7 +132,7 @@ def test_launch_a_tiny_run_and_watch_the_live_chart_grow(lab_home):
 def test_comparison_preset_runs_fp32_fp16_bf16_in_turn(lab_home):
     at = _app()
     at.selectbox(key="model").set_value("mlp")
-    at.number_input(key="steps").set_value(8)
+    at.text_input(key="steps").set_value("8")
     at.checkbox(key="profile").uncheck()
     at.button(key="preset").click().run()
     assert not at.exception, at.exception
@@ -238,3 +238,28 @@ def test_first_page_imports_no_pandas(tmp_path):
                           text=True, timeout=120, cwd=str(Path(APP).parent))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["none"], done.stdout
+
+
+@pytest.mark.parametrize("typed, shown", [("1e9", "1e9"), ("3.7", "3.7"), ("", "(empty)"),
+                                          ("70000", "70000"), ("16; rm -rf /", "16; rm -rf /"),
+                                          ("**8**", "**8**")])
+def test_launch_refuses_a_batch_size_that_is_not_a_whole_number_in_range(lab_home, typed, shown):
+    """A browser's number input turned "1e9" into 1 and "3.7" into 3 without a word: the
+    field is named with the value and the range in plain digits, and nothing launches."""
+    at = _app()
+    at.text_input(key="batch_size").set_value(typed).run()
+    assert not at.exception, at.exception
+    errors = [e.value.replace("\\", "") for e in at.error]  # Markdown escapes: text shown
+    assert f"Batch size: {shown} is not a whole number from 1 to 65,536" in errors, errors
+    assert at.button(key="launch").disabled
+    assert Store(lab_home).list_runs() == []
+
+
+def test_launch_reads_digits_with_separators_and_ranges_in_plain_digits(lab_home):
+    at = _app()
+    at.text_input(key="steps").set_value("1,000").run()
+    assert not at.exception and not at.error
+    at.text_input(key="steps").set_value("0").run()
+    assert "Steps: 0 is not a whole number from 1 to 1,000,000" in [
+        e.value.replace("\\", "") for e in at.error]
+    assert all("e+" not in (w.help or "") for w in at.text_input)
