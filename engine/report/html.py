@@ -110,7 +110,7 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
         _section("Why one run is faster than another (profiler windows)",
                  _diff_html(store, runs, table)),
         _section("Config differences", _config_diff_html(runs)),
-        _section("Full configs and run summaries", _configs_html(runs)),
+        _raw_section("Full configs and run summaries", _configs_html(runs)),
     ]
 
 
@@ -137,7 +137,9 @@ pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem;
   th, td { padding: 1px 2px; overflow-wrap: anywhere; }
   pre { white-space: pre-wrap; overflow-wrap: anywhere; overflow: visible; }
   .chart { break-inside: avoid; }
+  .screen-only { display: none; }
 }
+@media screen { .print-only { display: none; } }
 """
 
 PRINT_CHART_WIDTH_PX = 680  # inside A4 and Letter at 12 mm margins (703 / 725 px)
@@ -169,6 +171,13 @@ def _e(value: Any) -> str:
 
 def _section(title: str, inner: str) -> str:
     return f"<section>\n<h2>{_e(title)}</h2>\n{inner}\n</section>"
+
+
+def _raw_section(title: str, inner: str) -> str:
+    """Raw JSON for the screen and the file, left out of print (it was 24 of 29 A4 pages
+    for 3 runs); a printed line says where it is."""
+    return (f'<section class="screen-only">\n<h2>{_e(title)}</h2>\n{inner}\n</section>\n'
+            f'<p class="print-only meta">{_e(title)}: in the HTML file, not printed.</p>')
 
 
 def _system() -> str:
@@ -305,7 +314,8 @@ def _configs_html(runs: Mapping[str, RunRecord]) -> str:
     blocks = []
     for run in runs.values():
         payload = {"config": run.config.to_dict(), "summary": _summary_for_report(run.summary)}
-        blocks.append(f"<h3>{_e(run.id)}</h3>\n<pre>{_e(json.dumps(payload, indent=2, default=str))}</pre>")
+        blocks.append(f"<details><summary>{_e(run.id)}</summary>\n"
+                      f"<pre>{_e(json.dumps(payload, indent=2, default=str))}</pre></details>")
     return "\n".join(blocks)
 
 
