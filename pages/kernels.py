@@ -99,6 +99,23 @@ def compare_runs(home: str, run_a: str, run_b: str, ended_a: float | None,
     return explain_runs(store, store.get_run(run_a), store.get_run(run_b))
 
 
+def header_words(column: str) -> str:
+    """A table key as a person reads it: "time_ms" -> "time (ms)", "tensor_core" ->
+    "tensor core" (the keys stay snake_case in the data)."""
+    for unit in ("ms", "us", "mb", "gb"):
+        if column.endswith(f"_{unit}"):
+            return f"{column[:-len(unit) - 1].replace('_', ' ')} ({unit.replace('mb', 'MB')})"
+    return column.replace("_", " ")
+
+
+def table(data, **kwargs) -> None:
+    """st.dataframe with every snake_case column shown in words, unless configured."""
+    config = {column: st.column_config.Column(header_words(str(column)))
+              for column in getattr(data, "columns", []) if "_" in str(column)}
+    config.update(kwargs.pop("column_config", None) or {})
+    st.dataframe(data, column_config=config, **kwargs)
+
+
 _SHOW = {"success": st.success, "warning": st.warning, "error": st.error, "info": st.info}
 
 
@@ -147,7 +164,7 @@ def parts_table(accounting: dict, key: str) -> None:
     rows = [{"part": part, "time_ms_per_step": round(us / 1000, 3),
              "share_of_step": _pct(shares.get(part))}
             for part, us in (accounting.get("parts_per_step_us") or {}).items() if us]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key=key, placeholder=NA)
+    table(pd.DataFrame(rows), hide_index=True, key=key, placeholder=NA)
 
 
 def gpu_accounting(accounting: dict) -> None:
@@ -181,17 +198,17 @@ def gpu_accounting(accounting: dict) -> None:
         st.caption("Per profiler step: in the step's CPU span, and by launch (the work the "
                    "step launched, over its own GPU span; lag = how long after the step began "
                    "its first GPU work started)")
-        st.dataframe(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
+        table(pd.DataFrame([_step_row(row) for row in accounting["steps"]]),
                      hide_index=True, key="gpu_steps", placeholder=NA)
-        details("Communication and copies per step", "kernels_step_comm", lambda: st.dataframe(
+        details("Communication and copies per step", "kernels_step_comm", lambda: table(
             pd.DataFrame([_step_comm_row(row) for row in accounting["steps"]]),
             hide_index=True, key="gpu_steps_comm", placeholder=NA))
     st.caption("Per stream")
-    st.dataframe(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
+    table(pd.DataFrame([_stream_row(row) for row in accounting["streams"]]),
                  hide_index=True, key="gpu_streams", placeholder=NA)
     if accounting.get("copies"):
         st.caption("Copies by direction")
-        st.dataframe(pd.DataFrame([_copy_row(row) for row in accounting["copies"]]),
+        table(pd.DataFrame([_copy_row(row) for row in accounting["copies"]]),
                      hide_index=True, key="gpu_copies", placeholder=NA)
 
 
@@ -283,13 +300,13 @@ def gpu_report(result: dict) -> None:
     st.subheader("Top kernels")
     top = pd.DataFrame([_kernel_row(row) for row in result.get("top_kernels") or []])
     # What fits 1280 px; the rule that decided each verdict and the full names below it.
-    st.dataframe(top, hide_index=True, key="top_kernels", column_order=TOP_KERNEL_COLUMNS,
+    table(top, hide_index=True, key="top_kernels", column_order=TOP_KERNEL_COLUMNS,
                  placeholder=NA,
                  column_config={"time_ms": st.column_config.NumberColumn("time (ms)",
                                                                          format="%.3f"),
                                 "tensor_core": st.column_config.TextColumn("Tensor Cores")})
     details("Why each verdict, and the full kernel names", "kernels_why",
-            lambda: st.dataframe(top, hide_index=True, key="top_kernels_why",
+            lambda: table(top, hide_index=True, key="top_kernels_why",
                                  column_order=["kernel", "why", "name"], placeholder=NA))
     could = result.get("could_have_didnt") or []
     st.subheader("Could have, didn't")
@@ -301,12 +318,12 @@ def gpu_report(result: dict) -> None:
                         f"matrix time{plain(''.join(', ' + d for d in row['dtypes']))}). "
                         f"{plain('; '.join(row['likely_causes']))}")
         details("As a table, with the kernels", "kernels_could_table",
-                lambda: st.dataframe(pd.DataFrame([_could_row(row) for row in could]),
+                lambda: table(pd.DataFrame([_could_row(row) for row in could]),
                                      hide_index=True, key="could_have", placeholder=NA))
     else:
         st.caption("No matrix op ran without Tensor Cores in this window.")
     op_rates_section(result)
-    details("Per CPU op", "kernels_per_op", lambda: st.dataframe(
+    details("Per CPU op", "kernels_per_op", lambda: table(
         pd.DataFrame([_op_row(row) for row in result.get("per_op") or []]),
         hide_index=True, key="per_op", placeholder=NA))
     if (result.get("accounting") or {}).get("kind") == "gpu":
@@ -342,7 +359,7 @@ def op_rates_section(result: dict) -> None:
     st.caption(f"FLOPs from the recorded shapes (torch.utils.flop_counter's formulas) over the "
                f"{basis}' time; TFLOP/s is the mean of the calls' rates. 'of peak': the "
                "datasheet peak of the dtype on this device.")
-    st.dataframe(pd.DataFrame([_rate_row(row) for row in rows]), hide_index=True,
+    table(pd.DataFrame([_rate_row(row) for row in rows]), hide_index=True,
                  key="op_rates", placeholder=NA,
                  column_config={name: st.column_config.NumberColumn(name, format=fmt)
                                 for name, fmt in (("GFLOP/call", "%.4f"), ("time (ms)", "%.3f"),
@@ -365,7 +382,7 @@ def other_kind_report(result: dict) -> None:
                    "FFMA/HFMA/DFMA did its multiply-adds on the Tensor Cores. The counters "
                    + ("agree with" if agree else "contradict" if agree is False
                       else "cannot check") + " the kernel names.")
-        st.dataframe(pd.DataFrame([{
+        table(pd.DataFrame([{
             "kernel": short_kernel_name(k["name"]), "names say": k["name_verdict"],
             "counters say": k["counter_verdict"] or NA, "FFMA": k["ffma"], "HFMA": k["hfma"],
             "dtype": k["dtype"] or NA} for k in evidence["kernels"]]),
@@ -390,11 +407,11 @@ def cpu_accounting(result: dict) -> None:
     if accounting.get("matrix_ops"):
         st.caption(f"Matrix ops and the oneDNN primitive behind them (self time over the whole "
                    f"window, {steps} step(s))")
-        st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["matrix_ops"]]),
+        table(pd.DataFrame([_ms_columns(row) for row in accounting["matrix_ops"]]),
                      hide_index=True, key="cpu_matrix_ops", placeholder=NA)
     st.caption(f"CPU ops by self time over the whole window ({steps} step(s); the parts table "
                "above is per step)")
-    st.dataframe(pd.DataFrame([_ms_columns(row) for row in accounting["ops"]]),
+    table(pd.DataFrame([_ms_columns(row) for row in accounting["ops"]]),
                  hide_index=True, key="cpu_ops", placeholder=NA)
 
 
@@ -424,12 +441,12 @@ def diff_report(diff: dict, files: tuple[str, str] | None = None) -> None:
     speedup = diff.get("step_speedup")
     cols[2].metric("B against A (profiled steps)", ratio_text(speedup),
                    help="A's step time over B's: above 1, B is faster")
-    st.dataframe(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts", placeholder=NA)
+    table(pd.DataFrame(parts_rows(diff)), hide_index=True, key="diff_parts", placeholder=NA)
     st.caption(f"A is {diff['bound_by_a']['label']}; B is {diff['bound_by_b']['label']}.")
     for key, who in (("only_in_a", "A"), ("only_in_b", "B")):
         if diff[key]:
             st.caption(f"Only in {who} (kernels or ops the other run does not have)")
-            st.dataframe(pd.DataFrame(only_in_rows(diff[key])), hide_index=True,
+            table(pd.DataFrame(only_in_rows(diff[key])), hide_index=True,
                          key=f"diff_{key}", placeholder=NA)
 
 
@@ -496,7 +513,7 @@ def cpu_report(evidence: dict) -> None:
                "(and so which ISA) ran each matrix primitive during the profiler window.")
     primitives = evidence.get("primitives") or []
     if primitives:
-        st.dataframe(pd.DataFrame(primitive_summary(primitives)), hide_index=True,
+        table(pd.DataFrame(primitive_summary(primitives)), hide_index=True,
                      key="onednn_primitives", placeholder=NA)
     else:
         st.caption("oneDNN recorded no matrix primitive in the window.")
@@ -505,7 +522,7 @@ def cpu_report(evidence: dict) -> None:
         st.caption(f"By kind of op: the implementation that ran most of its time; "
                    f"{share_text(evidence.get('reference_share'))} of the matrix time ran "
                    "oneDNN's reference code.")
-        st.dataframe(pd.DataFrame([{"kind": row["label"], "time_ms": row["exec_ms"],
+        table(pd.DataFrame([{"kind": row["label"], "time_ms": row["exec_ms"],
                                     "share": share_text(row["share"], 1),
                                     "implementation": f"{row['src_dtype']} {row['implementation']}",
                                     "unit": row["unit"]} for row in by_kind]),
@@ -556,8 +573,8 @@ def trace_set_report(result: dict) -> None:
              "comm. (ms)": _ms_or_na(row["communication_us"]),
              "exposed comm. (ms)": _ms_or_na(row["exposed_communication_us"]),
              "waiting (ms)": _ms_or_na(row.get("waiting_us"))} for row in result["ranks"]]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="rank_table", placeholder=NA)
-    details("Per-rank files and totals", "kernels_rank_files", lambda: st.dataframe(
+    table(pd.DataFrame(rows), hide_index=True, key="rank_table", placeholder=NA)
+    details("Per-rank files and totals", "kernels_rank_files", lambda: table(
         pd.DataFrame([_rank_file_row(row) for row in result["ranks"]]),
         hide_index=True, key="rank_files", placeholder=NA))
     if result.get("collectives_note"):
