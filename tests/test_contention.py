@@ -3,6 +3,8 @@ decision (engine.analysis.contention) on rows as the telemetry sampler writes th
 
 from __future__ import annotations
 
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -91,8 +93,99 @@ def test_thresholds_scale_with_the_cores_and_nothing_measured_says_so():
     assert verdict["busy"] is None and words(verdict) == "machine load not measured"
     quiet = assess([{"others_cpu_cores": 0.05, "cpu_pct": 190.0, "load_per_core": 0.9}] * 4, 2)
     assert quiet["busy"] is False
-    assert quiet["words"] == ("the machine was quiet during the measurement (load 1.8 on 2 cores, "
-                              "other processes used 0.1 cores, trainer got 190 % of a core)")
+    # no load average: it counts the trainer's own threads (load 1.8 here is the trainer)
+    assert quiet["words"] == ("the machine was quiet during the measurement (other processes "
+                              "used 0.1 of 2 cores, trainer got 190 % of a core)")
+
+
+def test_the_busy_sentence_names_what_tipped_it_not_the_overall_medians():
+    """29 % of samples with another process on 1.4 cores: the overall median (0.1 cores)
+    reads quiet, so the sentence gives each cause's figure over the samples it held in,
+    and leaves out the load average (3.0 on 2 cores here is mostly the trainer's threads)."""
+    quiet_row = {"others_cpu_cores": 0.1, "cpu_pct": 185.0, "load_per_core": 1.5,
+                 "steal_pct": 0.0}
+    hog_row = {"others_cpu_cores": 1.4, "cpu_pct": 60.0, "load_per_core": 1.5, "steal_pct": 0.0}
+    rows = [quiet_row] * 71 + [hog_row] * 29
+    verdict = assess(rows, 2)
+    assert verdict["busy"] is True and verdict["others_cpu_cores"] == pytest.approx(0.1)
+    assert verdict["words"] == (
+        "measured while the machine was busy (other processes used 1.4 of 2 cores in 29 % of "
+        "samples; the trainer got 60 % of a core in those samples): throughput figures are "
+        "unreliable")
+    assert "load" not in verdict["words"]
+    stolen = assess([{**quiet_row, "steal_pct": 12.0}] * 5 + [quiet_row] * 5, 2)
+    assert stolen["busy"] is True
+    assert stolen["tipped"] == [{"cause": "steal", "share": 0.5, "value": 12.0}]
+    assert "the hypervisor took 12 % of the CPU time (steal) in 50 % of samples" in \
+        stolen["words"]
+    # A verdict stored before the causes were kept still reads (its medians).
+    old = {key: value for key, value in verdict.items() if key != "tipped"}
+    assert words(old).startswith("measured while the machine was busy (other processes used "
+                                 "0.1 of 2 cores")
+
+
+# The "trainer": a child that starts two spinners, its grandchildren (like compile workers).
+_SPINNERS = ("import subprocess, sys, time\n"
+             "procs = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])"
+             " for _ in range(2)]\n"
+             "time.sleep(60)\n")
+_TREE = ("import subprocess, sys, time\n"
+         f"child = subprocess.Popen([sys.executable, '-c', {_SPINNERS!r}])\n"
+         "time.sleep(60)\n")
+
+
+def _end_tree(root: subprocess.Popen) -> list[int]:
+    tree = psutil.Process(root.pid).children(recursive=True)
+    for proc in [*tree, psutil.Process(root.pid)]:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    root.wait(timeout=10)
+    psutil.wait_procs(tree, timeout=10)
+    return [proc.pid for proc in tree]
+
+
+@pytest.mark.slow
+def test_the_trainers_own_process_tree_is_never_other_processes():
+    """A trainer whose grandchildren spin both cores loads the machine to 2.0 by itself: the
+    load average says busy, the rule says quiet (the tree is the trainer's CPU); a hog
+    outside the tree is other processes, and the sentence says how much."""
+    cores = logical_cores()
+    before = assess(_samples(ContentionProbe(), 1.5), cores)  # the machine without us
+    trainer = subprocess.Popen([sys.executable, "-c", _TREE])
+    pids: list[int] = []
+    try:
+        time.sleep(1.0)  # the spinners start
+        tree = psutil.Process(trainer.pid).children(recursive=True)
+        assert len(tree) == 3  # the child and its two spinners
+
+        def tree_cpu_s() -> float:
+            return sum(sum(proc.cpu_times()[:2]) for proc in tree)
+
+        probe = ContentionProbe(pid=trainer.pid)
+        start_s, start_cpu_s = time.monotonic(), tree_cpu_s()
+        rows = _samples(probe, 2.5)
+        tree_pct = 100.0 * (tree_cpu_s() - start_cpu_s) / (time.monotonic() - start_s)
+        measured = [r for r in rows if r["cpu_pct"] is not None]
+        # the grandchildren's CPU is the trainer's, whatever else the machine runs
+        assert measured and statistics.fmean(r["cpu_pct"] for r in measured) >= 0.7 * tree_pct
+        assert tree_pct > 40.0
+        verdict = assess(rows, cores)
+        if not before["busy"]:  # only other work can make it busy: none was running
+            assert verdict["busy"] is False, verdict["words"]
+        with cpu_hog(processes=1, detached=True) as hogs:
+            time.sleep(0.3)
+            busy_rows = _samples(probe, 2.5)
+            pids += [proc.pid for proc in hogs]
+        busy = assess(busy_rows, cores)
+        assert busy["busy"] is True, busy["words"]
+        assert re.search(r"other processes used \d\.\d of \d+ cores in \d+ % of samples",
+                         busy["words"]), busy["words"]
+    finally:
+        pids += _end_tree(trainer)
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in pids)
 
 
 @pytest.mark.slow

@@ -4,8 +4,9 @@ Inputs are telemetry rows (engine.hardware.contention and the NVML fields). A sa
 busy when any of these held over its interval (thresholds and why:
 docs/precision-reference.md#contention):
 
-- other processes used at least a quarter of the logical cores and at least half a core
-  (a quiet machine's daemons use a few % of one core);
+- other processes (everything outside the trainer's own process tree) used at least a
+  quarter of the logical cores and at least half a core (a quiet machine's daemons use a
+  few % of one core); the load average is no evidence: it counts the trainer's threads;
 - the hypervisor stole >= 5 % of the CPU time (a neighbouring VM is running);
 - another process has a context on the run's GPU (NVML);
 - the GPU's clocks were held down by thermal or power limits, or the SM clock was below
@@ -69,22 +70,63 @@ def assess(rows: Iterable[Mapping[str, Any]], cores: int) -> dict[str, Any]:
         "steal_pct": _median(rows, "steal_pct"),
         "gpu_other_procs": _median(rows, "gpu_other_procs"),
         "causes": causes,
+        "tipped": _tipped(rows, verdicts, cores),
+        # what the trainer got while it was busy: the overall median hides the squeeze
+        "trainer_cpu_pct_busy": _median([r for r, v in zip(rows, verdicts) if v], "cpu_pct"),
     }
     result["words"] = words(result)
     return result
 
 
+# Per cause: the figure that shows it, from the samples where it held.
+_CAUSE_FIGURE = {"other processes": "others_cpu_cores", "steal": "steal_pct",
+                 "other GPU processes": "gpu_other_procs", "GPU clocks limited": None,
+                 "low SM clock": "sm_clock_mhz"}
+
+
+def _tipped(rows: list[Mapping[str, Any]], verdicts: list[bool | None],
+            cores: int) -> list[dict[str, Any]]:
+    """What made the busy samples busy: per cause, the share of the judged samples where it
+    held and the median of its figure over those samples (not over all samples: a burst
+    in 29 % of them is invisible in an overall median of 0.1 cores)."""
+    judged = sum(v is not None for v in verdicts)
+    tipped = []
+    for cause, key in _CAUSE_FIGURE.items():
+        held = [row for row, v in zip(rows, verdicts) if v and cause in sample_causes(row, cores)]
+        if held and judged:
+            tipped.append({"cause": cause, "share": len(held) / judged,
+                           "value": _median(held, key) if key else None})
+    return sorted(tipped, key=lambda entry: -entry["share"])
+
+
+def _cause_words(entry: Mapping[str, Any], cores: int) -> str:
+    value, share = entry.get("value"), f"in {entry['share'] * 100:.0f} % of samples"
+    cause = entry["cause"]
+    if cause == "other processes" and value is not None:
+        return f"other processes used {value:.1f} of {cores} cores {share}"
+    if cause == "steal" and value is not None:
+        return f"the hypervisor took {value:.0f} % of the CPU time (steal) {share}"
+    if cause == "other GPU processes" and value is not None:
+        return f"{value:.0f} other process(es) on the GPU {share}"
+    if cause == "GPU clocks limited":
+        return f"GPU clocks limited by power/thermal {share}"
+    if cause == "low SM clock":
+        return f"SM clock below 90 % of max while busy {share}"
+    return f"{cause} {share}"
+
+
 def _evidence(result: Mapping[str, Any]) -> str:
+    """The medians over every sample. The load average is left out: it counts the
+    trainer's own threads (a trainer on 2 threads alone reads load 2.0 on 2 cores)."""
     parts = []
     cores = result.get("cores") or 1
-    if result.get("load") is not None:
-        parts.append(f"load {result['load']:.1f} on {cores} core{'s' if cores != 1 else ''}")
     if result.get("others_cpu_cores") is not None:
-        parts.append(f"other processes used {result['others_cpu_cores']:.1f} cores")
-    if result.get("trainer_cpu_pct") is not None:
-        parts.append(f"trainer got {result['trainer_cpu_pct']:.0f} % of a core")
+        parts.append(f"other processes used {result['others_cpu_cores']:.1f} of {cores} "
+                     f"core{'s' if cores != 1 else ''}")
     if result.get("steal_pct"):
         parts.append(f"steal {result['steal_pct']:.0f} %")
+    if result.get("trainer_cpu_pct") is not None:
+        parts.append(f"trainer got {result['trainer_cpu_pct']:.0f} % of a core")
     if result.get("gpu_other_procs"):
         parts.append(f"{result['gpu_other_procs']:.0f} other process(es) on the GPU")
     if "GPU clocks limited" in (result.get("causes") or ()):
@@ -95,18 +137,25 @@ def _evidence(result: Mapping[str, Any]) -> str:
 
 
 def words(result: Mapping[str, Any]) -> str:
-    """'measured while the machine was busy (load 6.2 on 2 cores, ...): throughput figures
-    are unreliable', 'the machine was quiet (...)', or that nothing was measured."""
+    """'measured while the machine was busy (other processes used 1.4 of 2 cores in 29 % of
+    samples; the trainer got 120 % of a core): throughput figures are unreliable', 'the
+    machine was quiet during the measurement (...)', or that nothing was measured. A busy
+    sentence names what tipped it: each cause with its figure over the samples it held in."""
     busy = result.get("busy")
     if busy is None:
         return "machine load not measured"
-    evidence = _evidence(result)
-    share = result.get("busy_share") or 0.0
     if busy:
-        return (f"measured while the machine was busy ({evidence}; {share * 100:.0f} % of "
-                f"samples): "
-                f"{UNRELIABLE}")
-    return f"the machine was quiet during the measurement ({evidence})"
+        cores = result.get("cores") or 1
+        causes = [_cause_words(entry, cores) for entry in result.get("tipped") or []]
+        trainer = result.get("trainer_cpu_pct_busy")
+        context = (f"; the trainer got {trainer:.0f} % of a core in those samples"
+                   if trainer is not None else "")
+        if not causes:  # a verdict stored before the causes were kept: its medians
+            share = result.get("busy_share") or 0.0
+            causes = [f"{_evidence(result)}; {share * 100:.0f} % of samples"]
+            context = ""
+        return f"measured while the machine was busy ({', '.join(causes)}{context}): {UNRELIABLE}"
+    return f"the machine was quiet during the measurement ({_evidence(result)})"
 
 
 def is_busy(summary_contention: Mapping[str, Any] | None) -> bool:

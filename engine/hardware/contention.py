@@ -3,13 +3,17 @@
 A throughput figure means something only if the trainer had the machine to itself. Per
 sample (the telemetry thread, 2 Hz) this reads, over the interval since the last sample:
 
-- cpu_pct: CPU time of the trainer and its children (DataLoader workers) / wall time,
-  100 = one core; None on the first sample and on intervals too short to be meaningful
-  (a 0.1 ms interval with one 10 ms scheduler tick would read 10000 %);
-- others_cpu_cores: CPU used by every other process, in cores' worth: the machine's busy
-  time from /proc/stat minus the trainer's own;
+- cpu_pct: CPU time of the trainer's process tree (its threads, DataLoader and compile
+  workers, children that exited) / wall time, 100 = one core; None on the first sample
+  and on intervals too short to be meaningful (a 0.1 ms interval with one 10 ms
+  scheduler tick would read 10000 %);
+- others_cpu_cores: CPU used by every process outside that tree, in cores' worth: the
+  machine's busy time from /proc/stat minus the tree's own (a process that starts and
+  exits between two samples is counted, which a sum over the processes alive at each
+  sample would miss);
 - steal_pct: time the hypervisor ran other guests on this VM's CPUs (/proc/stat steal);
-- load_per_core: the 1-minute load average over logical cores (lags; context only).
+- load_per_core: the 1-minute load average over logical cores (lags, and counts the
+  trainer's own threads: context only, never a cause).
 
 What counts as busy, per sample, is decided here (`sample_is_busy`, thresholds and why:
 docs/precision-reference.md#contention); the verdict over a run's samples and its sentence
@@ -51,8 +55,10 @@ def read_proc_stat(path: str = "/proc/stat") -> dict[str, float] | None:
     return {"busy_s": busy, "steal_s": steal, "total_s": busy + idle + iowait + steal}
 
 
-def _proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of one process from /proc/<pid>/stat (fields 14 and 15)."""
+def _proc_cpu_s(pid: int, reaped_children: bool = False) -> float | None:
+    """utime + stime of one process from /proc/<pid>/stat (fields 14 and 15, all its
+    threads), plus cutime + cstime (16, 17: its children that exited and were waited for)
+    with `reaped_children`."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             text = handle.read()
@@ -60,18 +66,39 @@ def _proc_cpu_s(pid: int) -> float | None:
         return None
     fields = text[text.rfind(")") + 2:].split()  # the name in parentheses may hold spaces
     try:
-        return (float(fields[11]) + float(fields[12])) / _CLOCK_TICKS
+        ticks = float(fields[11]) + float(fields[12])
+        if reaped_children:
+            ticks += float(fields[13]) + float(fields[14])
+        return ticks / _CLOCK_TICKS
     except (IndexError, ValueError):
         return None
 
 
 def _child_pids(pid: int) -> list[int]:
-    """Direct children started by the process's main thread (where DataLoader forks)."""
+    """Direct children of the process, started by any of its threads."""
+    children: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(token) for token in handle.read().split()]
-    except (OSError, ValueError):
-        return []
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children.extend(int(token) for token in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def descendant_pids(pid: int, limit: int = 4096) -> list[int]:
+    """Every live descendant of `pid` (children, their children, ...): the trainer's own
+    process tree (DataLoader workers, compile workers, anything they start)."""
+    found, frontier = [], [pid]
+    while frontier and len(found) < limit:
+        children = [child for parent in frontier for child in _child_pids(parent)]
+        found.extend(children)
+        frontier = children
+    return found[:limit]
 
 
 class ContentionProbe:
@@ -96,11 +123,16 @@ class ContentionProbe:
             time.monotonic(), self._family_cpu_s(), read_proc_stat())
 
     def _family_cpu_s(self) -> float | None:
-        """CPU seconds of the trainer and its live children (workers count as the run's)."""
-        own = _proc_cpu_s(self.pid)
+        """CPU seconds of the trainer's whole process tree: its threads, every live
+        descendant, and the descendants that already exited (their time moves into their
+        parent's reaped-children counters when they are waited for, so it never reads as
+        another process's). The load average cannot tell these apart: it counts the
+        trainer's own threads as load."""
+        own = _proc_cpu_s(self.pid, reaped_children=True)
         if own is None:
             return None
-        return own + sum(_proc_cpu_s(child) or 0.0 for child in _child_pids(self.pid))
+        return own + sum(_proc_cpu_s(child, reaped_children=True) or 0.0
+                         for child in descendant_pids(self.pid))
 
     def sample(self) -> dict[str, Any]:
         now_s, family_s, stat = time.monotonic(), self._family_cpu_s(), read_proc_stat()
