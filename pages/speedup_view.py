@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.analysis.speedup import method_words
+from engine.analysis.speedup import dropped_words, method_words, setup_words
 from engine.analysis.summary_text import speedup_rows
 from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
 from engine.display import NA
@@ -18,6 +18,13 @@ def draw_speedup(result: dict, key: str, active: bool = False) -> None:
     """One check's result (the run summary's "speedup"); `key` keeps chart ids unique."""
     if not result:
         st.info("Waiting for the first round (every mode warms up and is calibrated first)...")
+        return
+    setup = setup_words(result)
+    if setup:  # building, warming up, calibrating: the check at work, not stalled
+        budget = result.get("budget_s") or 1.0
+        st.progress(min(1.0, (result.get("elapsed_s") or 0.0) / budget), text=setup)
+        for reason in dropped_words(result):
+            st.warning(plain(reason))
         return
     contention = result.get("contention") or {}
     busy = bool(contention.get("busy"))

@@ -14,6 +14,7 @@ import pytest
 
 from engine.config import RunConfig
 from engine.run.launcher import launch
+from engine.analysis.speedup import setup_words
 from engine.analysis.stall import STALL_ENV, stall_of, stall_words
 from engine.config import env_number
 from engine.run.watch import MAX_LOG_ENV, LogCap, RunWatch, StallWatch
@@ -230,6 +231,63 @@ def test_a_speedup_checks_rounds_count_as_progress(store, monkeypatch):
         store.merge_summary(run_id, {"speedup": {"rounds": rounds, "running": True}})
         assert watch.check() is None
     assert store.get_run(run_id).summary["stall"] is None
+
+
+def _setup_progress(stage: str, mode: str, stages_done: int, elapsed_s: float) -> dict:
+    """A speedup check's progress while it is in set-up, as the trainer stores it."""
+    return {"phase": "setup", "running": True, "rounds": 0, "modes": [], "budget_s": 60.0,
+            "elapsed_s": elapsed_s, "target_pct": 3.0, "baseline": "fp32", "dropped": [],
+            "setup": {"phase": "setup", "stage": stage, "mode": mode,
+                      "stages_done": stages_done,
+                      "modes": {"fp32": "ready", "bf16-amp": stage}}}
+
+
+def test_a_speedup_check_in_set_up_is_not_stalled_within_its_budget(store, monkeypatch):
+    """A set-up stage that takes longer than the 60 s bound (a warm-up or the profiled
+    memory step of a large model on a CPU) is the check at work: Live says the stage, not
+    "No step yet ... build() has not returned"; silent for longer than the whole budget
+    (the set-up is part of it), it is stalled, and the sentence names the stage."""
+    run_id = _run(store)
+    clock = [time.time()]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    store.set_status(run_id, "running")
+    watch = StallWatch(store, run_id, warn_after_s=5.0)
+    store.merge_summary(run_id, {"speedup": _setup_progress("warming up", "bf16-amp", 3, 2.0)})
+    assert watch.check() is None
+    clock[0] += 50.0  # far past the 5 s bound, inside the 60 s budget
+    assert watch.check() is None
+    run = store.get_run(run_id)
+    assert run.summary["stall"] is None and stall_of(store, run) is None
+    assert setup_words(run.summary["speedup"]) == (
+        "warming up bf16-amp (fp32: ready, bf16-amp: warming up) · 2 / 60 s of the budget, "
+        "set-up included")
+    store.merge_summary(run_id, {"speedup": _setup_progress("calibrating", "fp32", 4, 52.0)})
+    clock[0] += 30.0
+    assert watch.check() is None  # a stage finished: progress
+    clock[0] += 61.0
+    line = watch.check()
+    assert line and "the speedup check is still calibrating fp32, longer than its whole budget" \
+        in line
+    stall = stall_of(store, store.get_run(run_id))
+    assert stall["setup"] == {"stage": "calibrating", "mode": "fp32"}
+    assert stall["warn_after_s"] == 60.0
+    # The rounds begin: the ordinary bound again, counted from the last progress.
+    store.merge_summary(run_id, {"speedup": {"phase": "rounds", "rounds": 1, "running": True}})
+    assert watch.check().endswith("progress again (round 1)")
+    clock[0] += 6.0
+    assert "no round finished since round 1" in watch.check()
+
+
+def test_an_unwatched_check_in_set_up_is_judged_by_its_budget(store):
+    run_id = _run(store)
+    started = time.time() - 90.0
+    store.set_status(run_id, "running")
+    store.update_run(run_id, started_at=started)
+    store.merge_summary(run_id, {"speedup": _setup_progress("warming up", "fp32", 1, 1.0)})
+    run = store.get_run(run_id)
+    assert stall_of(store, run, now_s=started + 59.0) is None
+    assert stall_of(store, run, now_s=started + 61.0) is not None
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 
 import pytest
 
-from bench._hog import cpu_hog
+from bench._hog import bursty_hog, cpu_hog
 from engine.analysis.speedup import (
     MIN_ROUNDS,
     apply_verdicts,
@@ -29,7 +30,14 @@ from engine.analysis.speedup import (
 from engine.cli.speedup import format_result
 from engine.config import ConfigError, RunConfig
 from engine.analysis.speedup import mode_labels
-from engine.training.speedup import measure_speedup
+from engine.training.speedup import (
+    BLOCK_STEPS_MIN,
+    SETUP_STEPS_AFTER_WARMUP,
+    BudgetError,
+    left_out_reason,
+    measure_speedup,
+    needed_s,
+)
 
 
 def _noisy(base_ms: float, rounds: int, seed: int, drift: list[float]) -> list[float]:
@@ -289,3 +297,94 @@ def test_why_names_the_part_that_limits_the_step():
     assert "emulated" in _why(0.65, emulated=True, verdict="inconclusive")
     assert _why(0.65, verdict="no difference").startswith(
         "fp16-amp is not measurably faster than fp32: ")
+
+
+# ---------------------------------------------------------------------------------------
+# the budget is the wall time the check takes, set-up included
+
+
+def test_a_mode_whose_step_cannot_fit_the_budget_is_left_out_with_the_reason():
+    """The rest of the set-up and MIN_ROUNDS rounds of 2-step blocks, priced at each mode's
+    step (the baseline twice: it also trains the noise copy)."""
+    per_step_s = 0.03 + 0.25 + 0.03
+    assert needed_s([0.03, 0.25]) == pytest.approx(
+        (SETUP_STEPS_AFTER_WARMUP + MIN_ROUNDS * BLOCK_STEPS_MIN) * per_step_s)
+    assert left_out_reason("bf16-amp", 0.25, 5.9, 6.0, 20.0) is None
+    assert left_out_reason("bf16-amp", 0.25, 5.9, 3.2, 20.0) == (
+        "bf16-amp left out: one step takes 0.25 s, so its set-up and 6 rounds of 2 steps need "
+        "about 6 s with the modes before it, and 3 s of the 20 s budget were left; raise "
+        "speedup_budget_s (--budget-s) to measure it")
+
+
+def test_a_budget_spent_before_the_baseline_is_warm_names_the_field_and_the_fix():
+    """The budget counts from the check's start: a check whose budget was spent before its
+    first steps (here: started 10 s ago on a 5 s budget) refuses, naming the field."""
+    cfg = RunConfig(model="mlp", size="tiny", batch_size=8, device="cpu", profile=False,
+                    speedup_modes="fp32,bf16-amp", speedup_budget_s=5.0)
+    stages = []
+    with pytest.raises(BudgetError) as error:
+        measure_speedup(cfg, "cpu", on_setup=stages.append,
+                        started_s=time.perf_counter() - 10.0)
+    assert str(error.value).startswith("speedup_budget_s 5: the baseline fp32: one step takes")
+    assert str(error.value).endswith("raise speedup_budget_s (--budget-s) to run this check")
+    # the set-up said where it was at every stage, and the budget it had already spent
+    assert [(p["setup"]["mode"], p["setup"]["stage"]) for p in stages][:3] == [
+        ("fp32", "building"), ("bf16-amp", "building"), ("fp32 (another batch order)",
+                                                         "building")]
+    assert all(p["phase"] == "setup" and p["elapsed_s"] >= 10.0 for p in stages)
+    assert [p["setup"]["stages_done"] for p in stages] == sorted(
+        p["setup"]["stages_done"] for p in stages)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_slow_mode_is_dropped_and_the_check_keeps_its_budget():
+    """bf16 has no unit on an AVX2 CPU: its gpt step is several times fp32's, too slow for a
+    5 s check with an A/A copy beside it; it is left out with the reason and the check
+    ends within its budget plus one round."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what the trainer's CLI environment uses on 2 cores
+    try:
+        cfg = RunConfig(model="gpt", size="tiny", device="cpu", profile=False,
+                        speedup_modes="fp32,fp32,bf16-amp", speedup_budget_s=6.0)
+        started_s = time.perf_counter()
+        result = measure_speedup(cfg, "cpu", started_s=started_s)
+        wall_s = time.perf_counter() - started_s
+    finally:
+        torch.set_num_threads(threads)
+    assert [row["mode"] for row in result["modes"]] == ["fp32", "fp32 (2)"]
+    assert [entry["mode"] for entry in result["dropped"]] == ["bf16-amp"]
+    assert result["dropped"][0]["reason"].startswith("bf16-amp left out: one step takes ")
+    assert result["dropped"][0]["reason"] in explain(result)
+    assert 0 < result["setup_s"] < result["elapsed_s"] <= wall_s
+    last_round_s = (sum(result["block_ms"]["fp32"][-1:]) * 3 * result["block_steps"]) / 1000
+    assert wall_s <= cfg.speedup_budget_s + last_round_s + 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_budget_s_is_the_wall_time_of_the_whole_command_quiet_and_beside_a_bursty_hog(cli):
+    """`engine speedup --budget-s 20` on gpt tiny: the whole command, start to exit, within
+    the budget + 12 s on a quiet machine and + 30 s beside a bursty hog. The margin is what
+    runs outside the trainer's clock (the CLI's and the supervisor's start, the trainer's
+    process start and torch import: 3-6 s on 2 cores; the final store writes and the CLI's
+    0.3 s poll) plus the last round's overrun (a round is priced at the last one's length;
+    a burst can stretch it). Set-up progress goes to stderr, per mode and stage."""
+    for hog, margin_s in ((None, 12.0), (bursty_hog, 30.0)):
+        started_s = time.monotonic()
+        if hog is None:
+            proc = cli("speedup", "--model", "gpt", "--size", "tiny", "--precisions",
+                       "fp32,bf16-amp", "--budget-s", "20", "--json", timeout=200)
+        else:
+            with hog(processes=1, detached=True):
+                proc = cli("speedup", "--model", "gpt", "--size", "tiny", "--precisions",
+                           "fp32,bf16-amp", "--budget-s", "20", "--json", timeout=200)
+        wall_s = time.monotonic() - started_s
+        assert proc.returncode == 0, proc.stderr
+        result = _json_line(proc)
+        assert wall_s <= 20.0 + margin_s, (hog, wall_s, result["elapsed_s"], result["setup_s"])
+        assert 0 < result["setup_s"] < result["elapsed_s"] <= 20.0 + margin_s
+        assert "set-up: warming up bf16-amp (fp32: warm, bf16-amp: warming up)" in proc.stderr
+        assert "set-up: calibrating fp32" in proc.stderr

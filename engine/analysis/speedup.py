@@ -57,6 +57,28 @@ def method_words(result: Mapping[str, Any]) -> str:
             "excludes 1.0 and the machine was quiet.")
 
 
+def setup_words(result: Mapping[str, Any]) -> str | None:
+    """While a check is in its set-up (phase "setup"): which stage of which mode, every
+    mode's state and the budget spent, e.g. "warming up bf16-amp (fp32: ready, bf16-amp:
+    warming up, fp16-amp: waiting) · 14 / 60 s of the budget, set-up included"; None once
+    the rounds run. What Live, the CLI and `engine show` say instead of a stall."""
+    if result.get("phase") != "setup":
+        return None
+    setup = result.get("setup") or {}
+    states = ", ".join(f"{label}: {state}" for label, state in (setup.get("modes") or {}).items())
+    doing = (f"{setup['stage']} {setup['mode']}" if setup.get("stage") and setup.get("mode")
+             else "setting up")
+    budget = result.get("budget_s")
+    spent = (f" · {result.get('elapsed_s') or 0:.0f} / {budget:.0f} s of the budget, set-up "
+             "included" if isinstance(budget, (int, float)) else "")
+    return f"{doing} ({states}){spent}" if states else f"{doing}{spent}"
+
+
+def dropped_words(result: Mapping[str, Any]) -> list[str]:
+    """Why each mode left out of the check was left out (its step cannot fit the budget)."""
+    return [entry["reason"] for entry in result.get("dropped") or [] if entry.get("reason")]
+
+
 EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here, normal above
 _Z_975 = 1.959963984540054
 
@@ -315,6 +337,7 @@ def explain(result: dict[str, Any]) -> list[str]:
     contention = result.get("contention") or {}
     if contention.get("busy"):
         findings.append(contention["words"])
+    findings.extend(dropped_words(result))
     baseline = result.get("baseline")
     for row in result.get("modes", []):
         if row.get("mode") == baseline or row.get("speedup") is None:

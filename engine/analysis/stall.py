@@ -1,7 +1,12 @@
 """One rule for "this run has made no progress for a while", for every surface: the
 supervisor's log line (engine.run.watch), Live's warning and `engine show`.
 
-Progress is a logged step or a finished round of a speedup check. A run whose supervisor
+Progress is a logged step, a finished round of a speedup check or a finished stage of its
+set-up. While a check is in its set-up (building, warming up, calibrating each mode: one
+stage of a large model can take minutes on a CPU) the bound is the check's whole budget,
+which the set-up spends: a set-up stage silent for longer than that is stalled, a shorter
+one is the check at work and every surface says which stage of which mode it is in
+(engine.analysis.speedup.setup_words). A run whose supervisor
 watches it (single-process and torchrun runs) has `stall` in its summary: None while it
 makes progress, else since when and at which step it has been silent, judged by the
 supervisor's own clock, before the first step too (a build() that never returns). A run
@@ -27,6 +32,20 @@ def stall_warn_s() -> tuple[float, str | None]:
     return env_number(STALL_ENV, DEFAULT_STALL_WARN_S, *STALL_WARN_RANGE_S, "seconds")
 
 
+def speedup_in_setup(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A running speedup check's stored progress while it is in its set-up, else None."""
+    speedup = (summary or {}).get("speedup") or {}
+    return speedup if speedup.get("phase") == "setup" and speedup.get("running") else None
+
+
+def stall_bound_s(summary: dict[str, Any] | None, default_s: float) -> float:
+    """The no-progress bound for this run now: a speedup check in set-up gets its whole
+    budget (the set-up is part of it), everything else `default_s`."""
+    setup = speedup_in_setup(summary)
+    budget_s = setup.get("budget_s") if setup else None
+    return max(default_s, float(budget_s)) if isinstance(budget_s, (int, float)) else default_s
+
+
 def stall_of(store, run, now_s: float | None = None) -> dict[str, Any] | None:
     """The run's stall ({"since_unix_s", "at_step"}) when it is running and has made no
     progress for the bound, else None."""
@@ -34,12 +53,15 @@ def stall_of(store, run, now_s: float | None = None) -> dict[str, Any] | None:
         return None
     summary = run.summary or {}
     if "stall" in summary:  # the supervisor watches this run: its judgement
-        return summary["stall"] or None
+        stall = summary["stall"] or None
+        if stall and speedup_in_setup(summary) and not stall.get("setup"):
+            return None  # recorded before the set-up said where it is: the stage leads
+        return stall
     last = store.last_metric(run.id)
     wall_s = last.get("wall_time_s") if last else None
     since_s = run.started_at + (float(wall_s) if isinstance(wall_s, (int, float)) else 0.0)
     now_s = time.time() if now_s is None else now_s
-    if now_s - since_s <= stall_warn_s()[0]:
+    if now_s - since_s <= stall_bound_s(summary, stall_warn_s()[0]):
         return None
     return {"since_unix_s": since_s, "at_step": run.steps_completed}
 
@@ -55,6 +77,11 @@ def stall_words(stall: dict[str, Any], now_s: float | None = None) -> str:
     """The sentence every surface says for a stall."""
     quiet = duration_words(silent_s(stall, now_s) or 0.0)
     step, rounds = int(stall.get("at_step") or 0), int(stall.get("at_round") or 0)
+    setup = stall.get("setup")
+    if setup:  # a speedup check's set-up stage, silent for longer than the whole budget
+        return (f"No progress for {quiet}: the speedup check is still {setup.get('stage')} "
+                f"{setup.get('mode')}, longer than its whole budget (a hung device, or a "
+                "model too large for this budget).")
     if rounds:  # a speedup check: its rounds are its progress
         return (f"No progress for {quiet}: no round finished since round {rounds} (paused, a "
                 "hung device, or a very slow block).")

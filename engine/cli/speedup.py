@@ -25,7 +25,7 @@ from engine.analysis.gate import (
     gate_lines,
     parse_requirement,
 )
-from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels
+from engine.analysis.speedup import CLAIMS, excludes_one, judge, mode_labels, setup_words
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, shown, typed
 from engine.cli.runs import _add_config_options, _launch_checked, config_from_args
 from engine.config import Precision
@@ -50,7 +50,9 @@ def add_subparsers(sub) -> None:
                         help="the modes to compare, baseline first (e.g. fp32,bf16-amp,fp16-amp); "
                              "a mode twice is an A/A check of the method")
     parser.add_argument("--budget-s", dest="budget_s", type=typed(float, "--budget-s"),
-                        default=None, help="time budget of the timed rounds (default 120)")
+                        default=None, help="the check's wall time in seconds, set-up (warm-up, "
+                                           "calibration, memory step) included; a mode whose "
+                                           "step cannot fit it is left out (default 120)")
     parser.add_argument("--target-pct", dest="target_pct", type=typed(float, "--target-pct"),
                         default=None, help="stop once every interval is within this %% of its "
                                            "speedup (default 3)")
@@ -153,12 +155,15 @@ def cmd_speedup(args: argparse.Namespace) -> int:
 
 
 def _follow(run_id: str, store: Store):
-    last_rounds, last_reconcile = -1, time.monotonic()
+    last_rounds, last_reconcile = None, time.monotonic()
     while True:
         run = store.get_run(run_id)
         progress = run.summary.get("speedup") or {}
-        if progress.get("rounds", -1) != last_rounds and progress:
-            last_rounds = progress["rounds"]
+        # a round finished, or a set-up stage: each is a line
+        moved = (progress.get("rounds", -1), (progress.get("setup") or {}).get("stages_done"),
+                 (progress.get("setup") or {}).get("stage"))
+        if moved != last_rounds and progress:
+            last_rounds = moved
             print(f"  {progress_line(progress)}", file=sys.stderr)
         if run.status in FINAL_STATUSES:
             return run
@@ -169,6 +174,9 @@ def _follow(run_id: str, store: Store):
 
 
 def progress_line(progress: dict[str, Any]) -> str:
+    setup = setup_words(progress)
+    if setup:
+        return f"set-up: {setup}"
     done = min(1.0, progress["elapsed_s"] / progress["budget_s"]) if progress.get("budget_s") else 0
     bar = "#" * int(done * 20)
     width = progress.get("widest_half_width_pct")
@@ -201,7 +209,9 @@ def check_result(run_id: str, store: Store) -> dict[str, Any]:
     return {"run_id": run.id, "status": run.status, "reason": run.reason,
             "baseline": result.get("baseline"), "modes": modes,
             "rounds": result.get("rounds"), "block_steps": result.get("block_steps"),
-            "elapsed_s": result.get("elapsed_s"), "stopped_by": result.get("stopped_by"),
+            "elapsed_s": result.get("elapsed_s"), "setup_s": result.get("setup_s"),
+            "budget_s": result.get("budget_s"), "dropped": result.get("dropped") or [],
+            "stopped_by": result.get("stopped_by"),
             "memory_method": result.get("memory_method"),
             "contention": run.summary.get("contention") or result.get("contention"),
             "device": run.device_key, "device_name": run.device_name,

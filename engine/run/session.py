@@ -278,7 +278,10 @@ def speedup_check(cfg: RunConfig, device_key: str,
     """One paired speedup check in this process, judged: the measurement
     (training.speedup), the machine's load over its rounds (the telemetry sampler), each
     mode's verdict under that load and the findings. What a check run stores, and what
-    bench/speedup_calibration.py repeats to measure the method's false-claim rate."""
+    bench/speedup_calibration.py repeats to measure the method's false-claim rate. The
+    budget counts from here: the peaks, the set-up and the rounds all spend it, and the
+    set-up's progress goes to `on_progress` too (phase "setup")."""
+    started_s = time.perf_counter()
     from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
     from engine.training.speedup import measure_speedup  # imports torch
 
@@ -297,7 +300,8 @@ def speedup_check(cfg: RunConfig, device_key: str,
 
     try:
         result = measure_speedup(cfg, device_key, on_progress=progress,
-                                 should_stop=should_stop, on_round=on_round)
+                                 should_stop=should_stop, on_round=on_round,
+                                 on_setup=on_progress, started_s=started_s)
     finally:
         sampler.stop()
     return with_context(result, peaks, assess(samples.values(), cores), shapes)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from engine.analysis.stall import stall_warn_s, stall_words
+from engine.analysis.stall import speedup_in_setup, stall_bound_s, stall_warn_s, stall_words
 from engine.config import env_number
 from engine.schema import WORKER_LOG
 from engine.store import Store
@@ -94,11 +95,13 @@ class LogCap:
 # the stall warning (the rule and its words: engine.analysis.stall)
 
 
-def progress_of(store: Store, run_id: str) -> tuple[int, int]:
-    """(steps logged, speedup rounds done): what moves while a run makes progress."""
+def progress_of(store: Store, run_id: str) -> tuple[tuple[int, int, int], dict[str, Any]]:
+    """((steps logged, speedup rounds done, speedup set-up stages done), the summary):
+    what moves while a run makes progress, and what the stall bound reads."""
     run = store.get_run(run_id)
     speedup = run.summary.get("speedup") or {}
-    return run.steps_completed, int(speedup.get("rounds") or 0)
+    stages = int((speedup.get("setup") or {}).get("stages_done") or 0)
+    return (run.steps_completed, int(speedup.get("rounds") or 0), stages), run.summary
 
 
 class StallWatch:
@@ -109,7 +112,7 @@ class StallWatch:
         self.store = store
         self.run_id = run_id
         self.warn_after_s = warn_after_s
-        self.progress: tuple[int, int] | None = None
+        self.progress: tuple[int, int, int] | None = None
         self.since_mono_s = time.monotonic()
         self.since_unix_s = time.time()
         self.warned = False
@@ -120,7 +123,7 @@ class StallWatch:
 
     def check(self) -> str | None:
         """A line for the log when the run has just stalled or resumed, else None."""
-        progress = progress_of(self.store, self.run_id)
+        progress, summary = progress_of(self.store, self.run_id)
         if progress != self.progress:
             first = self.progress is None
             self.progress = progress
@@ -129,14 +132,18 @@ class StallWatch:
             if self.warned:
                 self.warned = False
                 self.store.merge_summary(self.run_id, {"stall": None})
-                steps, rounds = progress
+                steps, rounds, _stages = progress
                 return (f"[supervisor] run {self.run_id}: progress again ("
                         + (f"round {rounds})" if rounds else f"step {steps})"))
             return None
-        if self.warned or time.monotonic() - self.since_mono_s < self.warn_after_s:
+        bound_s = stall_bound_s(summary, self.warn_after_s)  # a check's set-up: its budget
+        if self.warned or time.monotonic() - self.since_mono_s < bound_s:
             return None
+        setup = speedup_in_setup(summary)
         stall = {"since_unix_s": self.since_unix_s, "at_step": progress[0],
-                 "at_round": progress[1], "warn_after_s": self.warn_after_s}
+                 "at_round": progress[1], "warn_after_s": bound_s,
+                 "setup": {key: (setup.get("setup") or {}).get(key) for key in ("stage", "mode")}
+                 if setup else None}
         self.store.merge_summary(self.run_id, {"stall": stall})
         self.warned = True
         return f"[supervisor] run {self.run_id}: {stall_words(stall)}"

@@ -10,11 +10,16 @@ per-round ratios cancel it; what it does not cancel (a burst that lands on one b
 on a mode chosen by the draw, never on the same position's mode every time, which is what
 makes the interval's 95 % hold under bursty load (statistics: engine.analysis.speedup).
 
-- warm-up: every mode runs `warmup_steps` (at least WARMUP_STEPS_MIN) untimed steps, then
-  one untimed calibration block that also sets the block length (BLOCK_TARGET_S per
-  block for the slowest mode, so switching costs are amortised);
+- the budget is wall time from the check's start, set-up included: building every copy,
+  the FLOP count (one, before any step), warm-up (`warmup_steps`, at least
+  WARMUP_STEPS_MIN untimed steps, each timed), two calibration blocks that set the block length (BLOCK_TARGET_S per block for
+  the slowest mode, so switching costs are amortised, shortened so MIN_ROUNDS rounds fit
+  what is left) and the CPU memory step, each reported as a set-up stage per mode; a mode
+  whose warm-up shows its step cannot fit its set-up and MIN_ROUNDS rounds is left out,
+  with the reason, before it costs more;
 - stop: when every mode's 95 % interval is within `speedup_target_pct` of its speedup
-  (after MIN_ROUNDS rounds), or the time budget is spent, or a stop is requested;
+  (after MIN_ROUNDS rounds), before a round that would end past the budget (its length:
+  the last round's), or when a stop is requested;
 - peak memory per mode: CUDA: the allocator's peak during the mode's blocks above what
   was allocated before them, plus the mode's own resident state (weights, optimizer
   state); CPU: the same from one profiled step per mode (the profiler's allocation
@@ -29,10 +34,12 @@ import os
 import random
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from engine.analysis.drift import loss_drift
 from engine.analysis.speedup import (
     METHOD,
     MIN_ROUNDS,
@@ -40,9 +47,8 @@ from engine.analysis.speedup import (
     summarise,
     widest_half_width_pct,
 )
-from engine.analysis.drift import NOISE_SEED_OFFSET, loss_drift
 from engine.config import RunConfig
-from engine.training.input_pipeline import builtin_source
+from engine.training.input_pipeline import BatchSource
 from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
 
 WARMUP_STEPS_MIN = 2
@@ -51,6 +57,8 @@ BLOCK_STEPS_MIN = 2
 BLOCK_STEPS_MAX = 200
 MAX_ROUNDS = 400
 ORDER_SEED_OFFSET = 7919  # the round order's draw: its own stream, apart from the data's
+NOISE_ORDER_SEED_OFFSET = 1009  # the noise copy's batch order inside each block
+AA_ORDER_SEED_OFFSET = 2029  # an A/A copy's batch order (+ its index): not the noise copy's
 
 
 def _sync(device: torch.device) -> None:
@@ -91,18 +99,47 @@ def memory_by_kind(trainer: Trainer, peak_bytes: int | None) -> dict[str, Any] |
             "counted_exceeds_peak": counted > peak_bytes}
 
 
+class _ReorderedBatches(BatchSource):
+    """The same batches as the wrapped source, in another order inside each block: what
+    the noise copy and an A/A copy train on during the timed rounds (`shuffle_next`
+    before a block draws that block's batches and shuffles them with the copy's own
+    seed; otherwise batches pass through in the stream's order)."""
+
+    def __init__(self, source: BatchSource, order_seed: int):
+        self.source = source
+        self.rng = random.Random(order_seed)
+        self.queue: list[tuple[Any, Any]] = []
+
+    @property
+    def wait_s(self) -> float:  # type: ignore[override]
+        return self.source.wait_s
+
+    def shuffle_next(self, count: int, first_step: int) -> None:
+        batches = [self.source.next(first_step + index) for index in range(count)]
+        self.rng.shuffle(batches)
+        self.queue = batches
+
+    def next(self, step: int) -> tuple[Any, Any]:
+        return self.queue.pop() if self.queue else self.source.next(step)
+
+    def close(self) -> None:
+        self.source.close()
+
+
 class _Mode:
     def __init__(self, label: str, cfg: RunConfig, device: torch.device,
-                 init_seed: int | None = None):
+                 order_seed: int | None = None):
         self.label = label
-        self.trainer = Trainer(cfg if init_seed is None else cfg.replace(seed=init_seed), device,
-                               ledger=False)
-        if init_seed is not None and self.trainer.workload is None:
-            # The noise copy: another initialisation, the baseline's batches (the seed
-            # also picks a built-in task's data and teacher)
-            self.trainer.batches.close()
-            self.trainer.batches = builtin_source(cfg, device)
+        self.trainer = Trainer(cfg, device, ledger=False)
+        # A copy that trains on its block's batches in its own order once the timed rounds
+        # begin (the noise copy, an A/A copy): the same weights and data, another path.
+        self.reordered = None
+        if order_seed is not None:
+            self.reordered = _ReorderedBatches(self.trainer.batches, order_seed)
+            self.trainer.batches = self.reordered
+        self.reorder = False  # switched on at the first timed round
         self.steps_done = 0
+        self.step_s = math.inf  # the fastest step seen in set-up (warm-up, calibration)
         self.block_ms: list[float] = []
         self.block_loss: list[float] = []  # mean loss of each timed block (same batches)
         self.last_block_loss = math.nan
@@ -113,6 +150,9 @@ class _Mode:
         The block's mean loss is summed on the device and read once, at the end."""
         _sync(device)
         start_s = time.perf_counter()
+        if self.reorder and self.reordered is not None and count > 1:
+            # inside the clock: the baseline draws its batches inside its block too
+            self.reordered.shuffle_next(count, self.steps_done + 1)
         total = None
         for _ in range(count):
             self.steps_done += 1
@@ -145,82 +185,138 @@ def _cpu_step_peak_increment(mode: _Mode) -> int:
     return max([0, *totals])  # counted from 0 at the profiler's start
 
 
-def _block_steps(modes: list[_Mode], device: torch.device) -> int:
-    """Untimed calibration blocks per mode; the slowest mode sets the block length.
-
-    Each mode's step time is the faster of two short blocks, so one slow step (a late
-    allocation, a burst of other work) does not shrink every block of the check.
-    """
-    slowest_step_s = 0.0
+def _calibrate(modes: list[_Mode], device: torch.device, setup: _Setup) -> None:
+    """Two untimed calibration blocks per mode; each mode's step time is the fastest seen,
+    so one slow step (a late allocation, a burst of other work) does not shrink every
+    block of the check."""
     for mode in modes:
-        step_s = min(mode.run_steps(BLOCK_STEPS_MIN, device) for _ in range(2)) / BLOCK_STEPS_MIN
-        slowest_step_s = max(slowest_step_s, step_s)
+        setup.stage(mode.label, CALIBRATING)
+        for _ in range(2):
+            block_s = mode.run_steps(BLOCK_STEPS_MIN, device)
+            mode.step_s = min(mode.step_s, block_s / BLOCK_STEPS_MIN)
+
+
+def _block_steps(modes: list[_Mode], left_s: float) -> int:
+    """The block length: BLOCK_TARGET_S for the slowest mode (switching costs amortised),
+    shortened so that MIN_ROUNDS rounds (every mode and the noise copy) fit in `left_s`."""
+    slowest_step_s = max(mode.step_s for mode in modes)
     steps = math.ceil(BLOCK_TARGET_S / slowest_step_s) if slowest_step_s > 0 else BLOCK_STEPS_MAX
+    round_step_s = sum(mode.step_s for mode in modes) + modes[0].step_s  # + the noise copy
+    if round_step_s > 0 and math.isfinite(round_step_s):
+        steps = min(steps, math.floor(left_s / (MIN_ROUNDS * round_step_s)))
     return max(BLOCK_STEPS_MIN, min(BLOCK_STEPS_MAX, steps))
 
 
-def measure_speedup(cfg: RunConfig, device_key: str,
-                    on_progress: Callable[[dict[str, Any]], None] = lambda _p: None,
-                    should_stop: Callable[[], bool] = lambda: False,
-                    on_round: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Measure `cfg.speedup_modes` (the first is the baseline) against each other.
+# The set-up stages, in order, as every surface names them.
+BUILDING = "building"
+WARMING_UP = "warming up"
+COUNTING_FLOPS = "counting FLOPs"
+CALIBRATING = "calibrating"
+MEASURING_MEMORY = "measuring memory"
+NOISE_COPY = "training the noise copy"
+STAGE_DONE = {BUILDING: "built", COUNTING_FLOPS: "FLOPs counted", WARMING_UP: "warm",
+              CALIBRATING: "calibrated", MEASURING_MEMORY: "memory measured",
+              NOISE_COPY: "ready"}
+SETUP_STAGES = (BUILDING, COUNTING_FLOPS, WARMING_UP, CALIBRATING, MEASURING_MEMORY, NOISE_COPY)
+# What one mode's set-up still costs after its warm-up, in its own steps: two calibration
+# blocks (4) and, on a CPU, the profiled memory step (~3 with the trace export); the noise
+# copy then trains the baseline's set-up steps again. Used only to decide whether a mode
+# can fit the budget.
+SETUP_STEPS_AFTER_WARMUP = 7
 
-    `on_progress(result)` gets the result so far after every round; `on_round()` is called
-    after every round too (the session marks contention there). Returns the result:
-    baseline, modes (per mode: median_step_ms, samples_per_s, tokens_per_s, speedup,
-    ci_low, ci_high, significant, peak_mem_bytes, blocks, words), rounds, block_steps,
-    elapsed_s, budget_s, target_pct, widest_half_width_pct, stopped_by.
-    """
-    device = resolve_torch_device(device_key)
-    modes_wanted = cfg.speedup_mode_list
-    labels = mode_labels(modes_wanted)
-    base_cfg = cfg.replace(speedup_modes="", profile=False, numerics=False)
-    modes = [_Mode(label, base_cfg.replace(precision=mode), device)
-             for label, mode in zip(labels, modes_wanted)]
-    # The loss-drift noise floor: the baseline again from another initialisation, trained
-    # on the same batches between the timed blocks; it never enters a speed figure.
-    noise = _Mode(f"{labels[0]} (seed +{NOISE_SEED_OFFSET})", modes[0].trainer.cfg, device,
-                  init_seed=cfg.seed + NOISE_SEED_OFFSET)
-    warmup_steps = max(WARMUP_STEPS_MIN, cfg.warmup_steps)
-    for mode in [*modes, noise]:
-        mode.run_steps(warmup_steps, device)
-    # Counted once per mode, so every mode's batch stream stays at the same step.
-    flops = [measure_flops_per_step(mode.trainer) for mode in modes]
-    flops_per_step = next((f for f in flops if f), None)
-    block_steps = _block_steps(modes, device)
-    memory_method = _measure_cpu_memory(modes) if device.type != "cuda" else "cuda"
-    noise.run_steps(modes[0].steps_done - noise.steps_done, device)  # the same steps so far
-    started_s = time.perf_counter()
-    stopped_by = "budget"
-    order_rng = random.Random(cfg.seed + ORDER_SEED_OFFSET)
-    for round_index in range(MAX_ROUNDS):
-        if should_stop():
-            stopped_by = "stop requested"
-            break
-        # A fresh random order every round: a burst of other work lands on whichever mode
-        # the draw put there, so it favours no mode (a fixed rotation let a periodic load
-        # favour one position, and the interval then missed an A/A check's 1.0 too often).
-        for mode in order_rng.sample(modes, len(modes)):
-            _timed_block(mode, block_steps, device)
-        noise.run_steps(block_steps, device)  # untimed, after the round's timed blocks
-        noise.block_loss.append(noise.last_block_loss)
-        on_round()
-        elapsed_s = time.perf_counter() - started_s
-        result = _result(cfg, labels, modes, block_steps, elapsed_s, memory_method,
-                         flops_per_step, noise)
-        width = result["widest_half_width_pct"]
-        if round_index + 1 >= MIN_ROUNDS and width is not None and width <= cfg.speedup_target_pct:
-            stopped_by = "target"
-            break
-        if elapsed_s >= cfg.speedup_budget_s:
-            break
-        on_progress(result)
-    else:
-        stopped_by = "round limit"
-    result = _result(cfg, labels, modes, block_steps, time.perf_counter() - started_s,
-                     memory_method, flops_per_step, noise)
-    result["stopped_by"] = stopped_by
-    return result
+
+class BudgetError(ValueError):
+    """The budget cannot hold even the baseline's set-up and MIN_ROUNDS rounds."""
+
+
+class _Setup:
+    """The check's set-up phase: its clock (the budget counts from the check's start) and
+    the progress every surface shows while no round has finished yet."""
+
+    def __init__(self, labels: list[str], cfg: RunConfig, started_s: float,
+                 on_setup: Callable[[dict[str, Any]], None]):
+        self.cfg, self.started_s, self.on_setup = cfg, started_s, on_setup
+        self.states = {label: "waiting" for label in labels}
+        self.dropped: list[dict[str, Any]] = []
+        self.stages_done = 0
+        self.current: tuple[str, str] | None = None
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started_s
+
+    def left_s(self) -> float:
+        return self.cfg.speedup_budget_s - self.elapsed_s()
+
+    def stage(self, label: str, stage: str) -> None:
+        """`label` (a mode, or the noise copy) starts `stage`: the one before it is done."""
+        if self.current:
+            self.stages_done += 1
+            before, stage_before = self.current
+            if self.states.get(before) == stage_before:
+                self.states[before] = STAGE_DONE[stage_before]
+        self.current = (label, stage)
+        if label in self.states:
+            self.states[label] = stage
+        self.report()
+
+    def done(self, labels: list[str]) -> None:
+        """The set-up is over: the kept modes are ready."""
+        for label in labels:
+            self.states[label] = "ready"
+        self.stages_done += 1
+        self.current = None
+        self.report()
+
+    def drop(self, label: str, reason: str) -> None:
+        self.states[label] = "dropped"
+        self.dropped.append({"mode": label, "reason": reason})
+        self.report()
+
+    def progress(self) -> dict[str, Any]:
+        label, stage = self.current or (None, None)
+        return {"phase": "setup", "stage": stage, "mode": label,
+                "modes": dict(self.states), "stages_done": self.stages_done}
+
+    def report(self) -> None:
+        self.on_setup({"phase": "setup", "setup": self.progress(), "rounds": 0, "modes": [],
+                       "elapsed_s": self.elapsed_s(), "budget_s": self.cfg.speedup_budget_s,
+                       "target_pct": self.cfg.speedup_target_pct, "dropped": list(self.dropped),
+                       "baseline": next(iter(self.states))})
+
+
+def needed_s(step_times: list[float]) -> float:
+    """Seconds the rest of the set-up and MIN_ROUNDS rounds need for modes whose steps take
+    `step_times` seconds (the baseline first: it also trains the noise copy)."""
+    per_step_of_each_s = sum(step_times) + step_times[0]
+    return (SETUP_STEPS_AFTER_WARMUP + MIN_ROUNDS * BLOCK_STEPS_MIN) * per_step_of_each_s
+
+
+def left_out_reason(label: str, step_s: float, need_s: float, left_s: float,
+                    budget_s: float) -> str | None:
+    """Why a mode is left out of the check (None: it fits what is left of the budget)."""
+    if need_s <= left_s:
+        return None
+    return (f"{label} left out: one step takes {step_s:.2f} s, so its set-up and "
+            f"{MIN_ROUNDS} rounds of {BLOCK_STEPS_MIN} steps need about {need_s:.0f} s with "
+            f"the modes before it, and {max(0.0, left_s):.0f} s of the {budget_s:g} s budget "
+            "were left; raise speedup_budget_s (--budget-s) to measure it")
+
+
+def _warm_up(mode: _Mode, kept: list[_Mode], steps: int, device: torch.device,
+             setup: _Setup) -> str | None:
+    """`steps` untimed steps, each timed to learn the mode's step; None when the mode fits
+    the budget, else why not (a mode left out early costs only the steps that showed it)."""
+    setup.stage(mode.label, WARMING_UP)
+    for index in range(steps):
+        mode.step_s = min(mode.step_s, mode.run_steps(1, device))
+        if index == 0 and steps > 1:
+            continue  # the first step allocates and plans kernels: not the mode's speed
+        need_s = needed_s([*(kept_mode.step_s for kept_mode in kept), mode.step_s])
+        reason = left_out_reason(mode.label, mode.step_s, need_s, setup.left_s(),
+                                 setup.cfg.speedup_budget_s)
+        if reason:
+            return reason
+    return None
 
 
 def _timed_block(mode: _Mode, block_steps: int, device: torch.device) -> None:
@@ -235,8 +331,148 @@ def _timed_block(mode: _Mode, block_steps: int, device: torch.device) -> None:
         mode.peak_increment_bytes = max(mode.peak_increment_bytes, int(increment))
 
 
-def _measure_cpu_memory(modes: list[_Mode]) -> str:
+def _build(cfg: RunConfig, device: torch.device, setup: _Setup,
+           should_stop: Callable[[], bool]) -> tuple[list[_Mode], _Mode, float | None]:
+    """Every mode's copy, the noise copy and the FLOPs of one step."""
+    labels = list(setup.states)
+    base_cfg = cfg.replace(speedup_modes="", profile=False, numerics=False)
+    baseline_mode = cfg.speedup_mode_list[0]
+    modes: list[_Mode] = []
+    for index, (label, mode) in enumerate(zip(labels, cfg.speedup_mode_list)):
+        setup.stage(label, BUILDING)
+        # An A/A copy (the baseline's mode again) trains the baseline's batches in its own
+        # order during the rounds, like the noise copy: it then checks the drift's floor
+        # as it checks the speed interval (a bit-identical copy drifts by exactly 0).
+        aa_copy = index > 0 and mode == baseline_mode
+        modes.append(_Mode(label, base_cfg.replace(precision=mode), device,
+                           order_seed=cfg.seed + AA_ORDER_SEED_OFFSET + index if aa_copy
+                           else None))
+    # The drift's noise floor: the baseline again, from the same weights, trained on the
+    # same batches in another order inside each block; it never enters a speed figure.
+    noise_label = f"{labels[0]} (another batch order)"
+    setup.stage(noise_label, BUILDING)
+    noise = _Mode(noise_label, modes[0].trainer.cfg, device,
+                  order_seed=cfg.seed + NOISE_ORDER_SEED_OFFSET)
+    # The FLOPs of one step (the same model in every mode: one count, another mode's only
+    # where the counter fails), before any step: the count keeps step 1's batch for step 1,
+    # so no copy's batch stream moves.
+    flops_per_step = None
     for mode in modes:
+        setup.stage(mode.label, COUNTING_FLOPS)
+        flops_per_step = measure_flops_per_step(mode.trainer)
+        if flops_per_step or should_stop():
+            break
+    return modes, noise, flops_per_step
+
+
+def _warm_up_all(cfg: RunConfig, modes: list[_Mode], device: torch.device, setup: _Setup,
+                 should_stop: Callable[[], bool]) -> list[_Mode]:
+    """Every mode warmed up; the modes kept (a mode too slow for the budget is left out,
+    with the reason; the baseline too slow ends the check with it)."""
+    warmup_steps = max(WARMUP_STEPS_MIN, cfg.warmup_steps)
+    kept: list[_Mode] = []
+    for mode in modes:
+        if should_stop():
+            break
+        reason = _warm_up(mode, kept, warmup_steps, device, setup)
+        if reason is None:
+            kept.append(mode)
+        elif mode is modes[0]:
+            raise BudgetError(  # field, value, fix: the baseline cannot be left out
+                f"speedup_budget_s {cfg.speedup_budget_s:g}: the baseline "
+                + reason.replace(" left out:", ":", 1).replace(" to measure it", " to run "
+                                                               "this check"))
+        else:
+            setup.drop(mode.label, reason)
+            mode.trainer.close()
+    left_out = {entry["mode"] for entry in setup.dropped}
+    modes = [mode for mode in modes if mode.label not in left_out]  # a stop: the rest too
+    if len(modes) < 2:
+        raise BudgetError(f"speedup_budget_s {cfg.speedup_budget_s:g}: no mode but the "
+                          "baseline fits the budget ("
+                          + "; ".join(entry["reason"] for entry in setup.dropped) + ")")
+    return modes
+
+
+def measure_speedup(cfg: RunConfig, device_key: str,
+                    on_progress: Callable[[dict[str, Any]], None] = lambda _p: None,
+                    should_stop: Callable[[], bool] = lambda: False,
+                    on_round: Callable[[], None] = lambda: None,
+                    on_setup: Callable[[dict[str, Any]], None] = lambda _p: None,
+                    started_s: float | None = None) -> dict[str, Any]:
+    """Measure `cfg.speedup_modes` (the first is the baseline) against each other, within
+    `cfg.speedup_budget_s` of wall time counted from `started_s` (time.perf_counter(),
+    default now): the set-up (build, warm-up, FLOP count, calibration, memory step) is
+    part of the budget, and a mode whose step cannot fit it is left out with the reason.
+
+    `on_setup(progress)` gets the set-up's progress at every stage of every mode (phase
+    "setup"); `on_progress(result)` the result so far after every round; `on_round()` is
+    called after every round too (the session marks contention there). Returns the result:
+    baseline, modes (per mode: median_step_ms, samples_per_s, tokens_per_s, speedup,
+    ci_low, ci_high, significant, peak_mem_bytes, blocks, words, drift), rounds,
+    block_steps, elapsed_s (set-up included), setup_s, budget_s, target_pct,
+    widest_half_width_pct, dropped, stopped_by. Raises BudgetError when not even the
+    baseline fits the budget.
+    """
+    started_s = time.perf_counter() if started_s is None else started_s
+    device = resolve_torch_device(device_key)
+    setup = _Setup(mode_labels(cfg.speedup_mode_list), cfg, started_s, on_setup)
+    modes, noise, flops_per_step = _build(cfg, device, setup, should_stop)
+    modes = _warm_up_all(cfg, modes, device, setup, should_stop)
+    labels = [mode.label for mode in modes]
+    if not should_stop():
+        _calibrate(modes, device, setup)
+    memory_method = "cuda"
+    if device.type != "cuda" and not should_stop():
+        memory_method = _measure_cpu_memory(modes, setup)
+    if not should_stop():
+        setup.stage(noise.label, NOISE_COPY)
+        # the noise copy trains the baseline's steps so far, in order: the same weights
+        noise.run_steps(modes[0].steps_done - noise.steps_done, device)
+    setup.done(labels)
+    for copy in [*modes, noise]:
+        copy.reorder = True
+    setup_s = setup.elapsed_s()
+    block_steps = _block_steps(modes, setup.left_s())
+    stopped_by = "budget"
+    order_rng = random.Random(cfg.seed + ORDER_SEED_OFFSET)
+    round_s = 0.0
+    for round_index in range(MAX_ROUNDS):
+        if should_stop():
+            stopped_by = "stop requested"
+            break
+        # The budget is the wall time the check takes: a round that would end past it
+        # does not start (its length: the last round's).
+        if setup.left_s() < round_s:
+            break
+        round_started_s = time.perf_counter()
+        # A fresh random order every round: a burst of other work lands on whichever mode
+        # the draw put there, so it favours no mode (a fixed rotation let a periodic load
+        # favour one position, and the interval then missed an A/A check's 1.0 too often).
+        for mode in order_rng.sample(modes, len(modes)):
+            _timed_block(mode, block_steps, device)
+        noise.run_steps(block_steps, device)  # untimed, after the round's timed blocks
+        noise.block_loss.append(noise.last_block_loss)
+        round_s = time.perf_counter() - round_started_s
+        on_round()
+        result = _result(cfg, labels, modes, block_steps, setup, memory_method,
+                         flops_per_step, noise, setup_s)
+        width = result["widest_half_width_pct"]
+        if round_index + 1 >= MIN_ROUNDS and width is not None and width <= cfg.speedup_target_pct:
+            stopped_by = "target"
+            break
+        on_progress(result)
+    else:
+        stopped_by = "round limit"
+    result = _result(cfg, labels, modes, block_steps, setup, memory_method, flops_per_step,
+                     noise, setup_s)
+    result["stopped_by"] = stopped_by
+    return result
+
+
+def _measure_cpu_memory(modes: list[_Mode], setup: _Setup) -> str:
+    for mode in modes:
+        setup.stage(mode.label, MEASURING_MEMORY)
         try:
             mode.peak_increment_bytes = _cpu_step_peak_increment(mode)
         except Exception:  # noqa: BLE001 - memory is reported as unknown, timing goes on
@@ -245,8 +481,8 @@ def _measure_cpu_memory(modes: list[_Mode]) -> str:
 
 
 def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: int,
-            elapsed_s: float, memory_method: str, flops_per_step: float | None,
-            noise: _Mode) -> dict[str, Any]:
+            setup: _Setup, memory_method: str, flops_per_step: float | None,
+            noise: _Mode, setup_s: float) -> dict[str, Any]:
     trainer = modes[0].trainer
     rows = summarise(labels, {m.label: m.block_ms for m in modes}, trainer.samples_per_step,
                      trainer.tokens_per_sample, labels[0])
@@ -261,7 +497,8 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
                                        if flops_per_step and row["median_step_ms"] else None)
     return {
         "baseline": labels[0], "modes": rows, "rounds": len(modes[0].block_ms),
-        "block_steps": block_steps, "elapsed_s": elapsed_s, "budget_s": cfg.speedup_budget_s,
+        "block_steps": block_steps, "elapsed_s": setup.elapsed_s(), "setup_s": setup_s,
+        "budget_s": cfg.speedup_budget_s, "phase": "rounds", "dropped": list(setup.dropped),
         "target_pct": cfg.speedup_target_pct,
         "widest_half_width_pct": widest_half_width_pct(rows, labels[0]),
         "memory_method": memory_method, "flops_per_step": flops_per_step,
