@@ -161,6 +161,20 @@ def test_csv_has_every_logged_step_and_column_with_units(lab):
     assert frame["loss [nats (cross-entropy)]"].tolist() == pytest.approx(stored["loss"].tolist())
 
 
+def test_a_workloads_loss_is_not_labelled_cross_entropy(tmp_path):
+    """A workload brings its own loss function: its units are its own."""
+    from _real_runs import write_rows
+
+    from engine.report.export import WORKLOAD_LOSS_UNIT
+    store = Store(tmp_path / "lab")
+    cfg = RunConfig(model="custom", workload=str(REPO_ROOT / "examples" / "workloads" /
+                                                 "tiny_transformer.py"))
+    run_id = write_rows(store, cfg, [{"step": 1, "loss": 0.5, "step_time_ms": 10.0}])
+    frame = pd.read_csv(io.BytesIO(metrics_csv(store, run_id)))
+    assert f"loss [{WORKLOAD_LOSS_UNIT}]" in frame.columns
+    assert not any("cross-entropy" in column for column in frame.columns)
+
+
 def test_parquet_round_trips_with_units_in_the_metadata(lab):
     import pyarrow.parquet as pq
 

@@ -26,13 +26,27 @@ def metrics_frame(store: Store, run_id: str) -> pd.DataFrame:
     return store.read_metrics(run_id, max_points=None, columns=METRIC_COLUMNS)
 
 
-def header_name(column: str) -> str:
-    unit = METRIC_UNITS.get(column)
+# A workload's own loss function (docs/workloads.md) has its own units: cross-entropy in
+# nats holds for the built-in models and the known architectures only.
+WORKLOAD_LOSS_UNIT = "the workload's loss (its own units)"
+
+
+def column_units(store: Store, run_id: str) -> dict[str, str]:
+    """METRIC_UNITS for this run: a custom workload's loss is not labelled cross-entropy."""
+    units = dict(METRIC_UNITS)
+    if store.get_run(run_id).config.model == "custom":
+        units["loss"] = WORKLOAD_LOSS_UNIT
+    return units
+
+
+def header_name(column: str, units: dict[str, str] | None = None) -> str:
+    unit = (units or METRIC_UNITS).get(column)
     return f"{column} [{unit}]" if unit else column
 
 
 def metrics_csv(store: Store, run_id: str) -> bytes:
-    frame = metrics_frame(store, run_id).rename(columns=header_name)
+    units = column_units(store, run_id)
+    frame = metrics_frame(store, run_id).rename(columns=lambda c: header_name(c, units))
     buffer = io.StringIO()
     frame.to_csv(buffer, index=False, lineterminator="\n")
     return buffer.getvalue().encode("utf-8")
@@ -46,7 +60,7 @@ def metrics_parquet(store: Store, run_id: str) -> bytes:
     table = pa.Table.from_pandas(metrics_frame(store, run_id), preserve_index=False)
     metadata = dict(table.schema.metadata or {})
     metadata[b"precision_lab.run_id"] = run_id.encode()
-    metadata[b"precision_lab.units"] = json.dumps(METRIC_UNITS).encode()
+    metadata[b"precision_lab.units"] = json.dumps(column_units(store, run_id)).encode()
     buffer = io.BytesIO()
     pq.write_table(table.replace_schema_metadata(metadata), buffer)
     return buffer.getvalue()
