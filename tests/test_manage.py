@@ -486,3 +486,19 @@ def test_mlflow_export_to_a_server_that_never_answers_fails_within_its_timeout(l
     out = _cli(home, "export", run_id, "--mlflow", f"http://127.0.0.1:{closed_port}")
     assert out.returncode == 2 and "did not answer within 10 s" in out.stderr
     assert time.monotonic() - started < 20
+
+
+def test_list_shows_a_speedup_check_by_its_rounds_not_zero_steps(tmp_path, monkeypatch, capsys):
+    from _real_runs import write_rows
+
+    home = tmp_path / "lab"
+    monkeypatch.setenv("PRECISION_LAB_HOME", str(home))
+    store = Store(home)
+    cfg = RunConfig(model="mlp", speedup_modes="fp32,bf16-amp", steps=60)
+    run_id = write_rows(store, cfg, [], summary={"speedup": {"rounds": 23}})
+    assert cli_main(["list"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if run_id in line)
+    assert "23 rounds, 2 modes" in line and "0/60" not in line
+    assert cli_main(["list", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["progress"] == "23 rounds, 2 modes"

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.admission import check_runnable
-from engine.analysis.runs import RunFilter, filter_runs, parse_tag_filter, tags_text
+from engine.analysis.runs import (
+    RunFilter,
+    filter_runs,
+    parse_tag_filter,
+    progress_text,
+    tags_text,
+)
 from engine.analysis.stall import silent_s, stall_of, stall_words
 from engine.cli.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError, flag_for, typed
 from engine.cli.standby import running_note
@@ -410,6 +416,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [{"run_id": r.id, "status": r.status, "model": r.config.model, "size": r.config.size,
              "precision": r.config.precision, "batch_size": r.config.batch_size,
              "steps_completed": r.steps_completed, "total_steps": r.total_steps,
+             # the Runs page's words: "412/1000", or a speedup check's "23 rounds, 4 modes"
+             "progress": progress_text(r),
              "device": r.device_key, "final_loss": _finite_or_none(r.summary.get("final_loss")),
              "samples_per_s": r.summary.get("samples_per_s"), "created_at": r.created_at,
              "duration_s": r.duration_s, "label": r.config.label, "tags": r.tags,
@@ -421,14 +429,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no runs" + (" match these filters" if _filtered(args) else " yet"))
         return EXIT_OK
     header = (f"{'run_id':<24} {'status':<9} {'model':<12} {'precision':<10} {'batch':>6} "
-              f"{'steps':>13}  {'created':<19}  tags")
+              f"{'progress':>17}  {'created':<19}  tags")
     print(header)
     for row in rows:
         status = row["status"] + ("*" if row["archived"] else "")
         tags = ", ".join(f"{k}={v}" if v else k for k, v in sorted(row["tags"].items()))
         print(f"{row['run_id']:<24} {status:<9} {row['model'] + '-' + row['size']:<12} "
               f"{row['precision']:<10} {row['batch_size']:>6} "
-              f"{str(row['steps_completed']) + '/' + str(row['total_steps']):>13}  "
+              f"{row['progress']:>17}  "
               f"{_local_time(row['created_at']):<19}  {tags}")
     if any(row["archived"] for row in rows):
         print("* archived")
