@@ -468,14 +468,14 @@ def run_cgroup(run_dir: Path) -> Path | None:
 
 
 def join_cgroup(group: Path | None) -> bool:
-    """Move the calling process into `group` ("0": the writer); its later children follow.
-    Safe between fork and exec (one write)."""
+    """Move the calling process into `group`; its later children follow. Safe between
+    fork and exec (one write)."""
     if group is None:
         return False
     try:
         fd = os.open(group / "cgroup.procs", os.O_WRONLY)
         try:
-            os.write(fd, b"0")
+            os.write(fd, str(os.getpid()).encode())
         finally:
             os.close(fd)
         return True
@@ -511,13 +511,14 @@ def end_cgroup(group: Path | None, timeout_s: float = 5.0) -> int:
             _write(freeze, frozen)
             for pid in cgroup_pids(group):
                 if pid != os.getpid():
+                    pids += [] if pid in pids else [pid]
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
             _write(freeze, thawed)
     deadline = time.monotonic() + timeout_s
+    # Nothing is reaped here: a waitpid would take the exit status of a child the caller
+    # waits for itself (a subreaper collects its orphans in end_descendants).
     while True:
-        # A dead process handed to us (a subreaper) holds the group until it is collected.
-        _reap_orphans()
         try:
             group.rmdir()
             break
