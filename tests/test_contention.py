@@ -125,10 +125,13 @@ def test_the_busy_sentence_names_what_tipped_it_not_the_overall_medians():
 
 
 # The "trainer": a child that starts two spinners, its grandchildren (like compile workers).
-_SPINNERS = ("import subprocess, sys, time\n"
-             "procs = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])"
+# Each spinner stops once its parent is gone (reparented), so none outlives a failed test.
+_SPIN_WHILE_PARENT = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+_SPINNERS = ("import os, subprocess, sys, time\n"
+             f"procs = [subprocess.Popen([sys.executable, '-c', {_SPIN_WHILE_PARENT!r}])"
              " for _ in range(2)]\n"
-             "time.sleep(60)\n")
+             "parent = os.getppid()\n"
+             "while os.getppid() == parent:\n    time.sleep(0.2)\n")
 _TREE = ("import subprocess, sys, time\n"
          f"child = subprocess.Popen([sys.executable, '-c', {_SPINNERS!r}])\n"
          "time.sleep(60)\n")

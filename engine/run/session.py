@@ -282,6 +282,13 @@ def speedup_check(cfg: RunConfig, device_key: str,
     budget counts from here: the peaks, the set-up and the rounds all spend it, and the
     set-up's progress goes to `on_progress` too (phase "setup")."""
     started_s = time.perf_counter()
+    # In set-up from the first moment: the peaks and torch's import come before the first
+    # stage, and the no-progress rule reads the phase.
+    on_progress({"phase": "setup", "setup": {"stage": None, "mode": None, "stages_done": 0,
+                                             "modes": {}},
+                 "rounds": 0, "modes": [], "elapsed_s": 0.0, "budget_s": cfg.speedup_budget_s,
+                 "target_pct": cfg.speedup_target_pct, "dropped": [],
+                 "baseline": cfg.speedup_mode_list[0]})
     from engine.hardware.telemetry import TelemetrySampler  # its thread belongs to the trainer
     from engine.training.speedup import measure_speedup  # imports torch
 
