@@ -23,6 +23,7 @@ from engine.traces.explain import (
     run_rank_traces,
     window_note,
 )
+from engine.traces.op_rates import witness_sentence
 from engine.traces.parser import load_trace
 from engine.traces.verdict import short_kernel_name
 from engine.display import NA, ratio_text, share_text
@@ -285,10 +286,11 @@ def gpu_report(result: dict) -> None:
     verdict_banner(result)
     cols = st.columns(3)
     cols[0].metric("Kernel time (summed)", f"{(result.get('total_kernel_us') or 0) / 1000:,.2f} ms")
-    cols[1].metric("On Tensor Cores (all)", _pct(result.get("tensor_core_share")),
-                   help="Share of all kernel time in Tensor-Core kernels")
-    cols[2].metric("On Tensor Cores (matrix)", _pct(result.get("matrix_tensor_core_share")),
-                   help="Share of gemm + conv + attention kernel time in Tensor-Core kernels")
+    unit = "Matrix Cores" if result.get("vendor") == "amd" else "Tensor Cores"
+    cols[1].metric(f"On {unit} (all)", _pct(result.get("tensor_core_share")),
+                   help=f"Share of all kernel time in {unit} kernels")
+    cols[2].metric(f"On {unit} (matrix)", _pct(result.get("matrix_tensor_core_share")),
+                   help=f"Share of gemm + conv + attention kernel time in {unit} kernels")
     capability = result.get("compute_capability")
     device = result.get("device") or "unknown GPU"
     device += f" (compute capability {capability})" if capability else (
@@ -350,8 +352,7 @@ def op_rates_section(result: dict) -> None:
     rows = result.get("op_rates") or []
     witness = result.get("rate_witness")
     if witness:  # op names and shapes come from the trace: plain text
-        _WITNESS_TONE.get(witness["witness"], st.info)(
-            f"The rates {witness['witness']}: {witness['why']}")
+        _WITNESS_TONE.get(witness["witness"], st.info)(plain(witness_sentence(witness)))
     if not rows:
         st.caption(result.get("op_rates_note") or "No op with recorded shapes.")
         return

@@ -267,6 +267,8 @@ def _clip(text: str, width: int) -> str:
 
 def format_breakdown(summary: dict, name_width: int = 90) -> str:
     """The breakdown as a readable plain-text report."""
+    from engine.traces.op_rates import witness_sentence  # late: as analyze, in cmd_kernels
+
     lines = [f"Trace:  {summary.get('source') or '-'}"]
     if summary.get("trace_kind") in ("range profiler", "other accelerator"):
         return "\n".join(lines + format_other_kind(summary)) + "\n"
@@ -282,7 +284,7 @@ def format_breakdown(summary: dict, name_width: int = 90) -> str:
     lines.append(banner.get("headline") or summary["verdict"]["headline"])
     witness = summary.get("rate_witness")
     if witness:
-        lines.append(f"The rates {witness['witness']}: {witness['why']}")
+        lines.append(witness_sentence(witness))
     if summary.get("bound_by"):
         lines.append(f"{summary['bound_by']['sentence']}")
         lines += [f"  try: {advice}" for advice in summary["bound_by"]["advice"]]

@@ -283,14 +283,17 @@ def roofline_figure(op_rates: list[Mapping[str, Any]],
         roofs = {f"{dtype} matrix peak": peak
                  for dtype, peak in device_spec["matrix_tflops"].items() if dtype in by_dtype}
         roofs["fp32 vector peak"] = device_spec["vector_tflops"].get("fp32")
-        for name, peak in roofs.items():
+        dashes = ("dash", "dot", "dashdot", "longdash")
+        for index, (name, peak) in enumerate(roofs.items()):
             if not peak:
                 continue
             ridge = peak / bandwidth
             xs = [low, max(low, min(ridge, high)), high]
             fig.add_trace(go.Scatter(x=xs, y=[min(peak, bandwidth * x) for x in xs],
-                                     mode="lines", name=name, hoverinfo="name",
-                                     line=dict(width=1, dash="dot", color="#888")))
+                                     mode="lines", name=f"{name} ({peak:g} TFLOP/s)",
+                                     hoverinfo="name",
+                                     line=dict(width=1.5, dash=dashes[index % len(dashes)],
+                                               color="#666")))
     title = "Per-op rates against the roofline" + (
         f" ({device_spec['row']}, {device_spec['memory_tb_per_s']:g} TB/s)"
         if device_spec else " (no datasheet for this device: points only)")

@@ -223,6 +223,17 @@ def rate_witness(rows: list[dict], name_verdict: str | None, device: str | None)
                    f"{fastest['tflops_per_s']:.2f} TFLOP/s): too small or too slow to tell"}
 
 
+WITNESS_WORDS = {"confirms": "The rates confirm the kernel names",
+                 "decides": "The rates decide where the names say nothing",
+                 "contradicts": "The rates contradict the kernel names",
+                 "cannot decide": "The rates cannot decide"}
+
+
+def witness_sentence(witness: dict) -> str:
+    """The witness as one sentence, for every surface (CLI, Kernels page)."""
+    return f"{WITNESS_WORDS.get(witness['witness'], witness['witness'])}: {witness['why']}"
+
+
 def _op_words(row: dict) -> str:
     return f"{row['op']} {row['shape']} {row['dtype']}"
 

@@ -12,6 +12,7 @@ refusals) and events it cannot read are counted, not fatal.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from engine.traces.events import (
 )
 from engine.traces.kernel_table import TABLE_COLUMNS, KernelTable
 from engine.traces.kernels import classify_kernel
+from engine.traces.op_flops import dtype_of
 from engine.traces.reader import (
     FALLBACK_MAX_MIB,
     READ_ERRORS,
@@ -380,7 +382,7 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     del kept
     entries = [entry for entry in properties if isinstance(entry, dict)]
     device = _device_from_properties(entries, kernels)
-    table = _build_table(kernels, launches, ops)
+    table = _build_table(kernels, launches, ops, shaped_ops)
     table.attrs.update(source=source, device=device["name"],
                        compute_capability=device["compute_capability"],
                        vendor=device["vendor"], arch=device["arch"],
@@ -417,7 +419,8 @@ def load_kernel_table(path_or_fileobj: str | os.PathLike | IO[bytes]):
     return load_trace(path_or_fileobj).table.to_pandas()
 
 
-def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> KernelTable:
+def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp],
+                 shaped_ops: list | None = None) -> KernelTable:
     if not kernels:
         return KernelTable()
     external_ids, cpu_ops = _attribute_kernels(kernels, launches, ops)
@@ -436,7 +439,39 @@ def _build_table(kernels: list[_Kernel], launches: dict, ops: list[_CpuOp]) -> K
     }
     for column in ("category", "tensor_core", "dtype", "reason"):
         columns[column] = [getattr(verdicts[name], column) for name in columns["name"]]
+    _dtypes_from_ops(columns, [kernels[i] for i in order], launches, shaped_ops or [])
     return KernelTable(columns)
+
+
+def _dtypes_from_ops(columns: dict, kernels: list[_Kernel], launches: dict,
+                     shaped_ops: list) -> None:
+    """A matrix kernel whose name says no dtype (AOTriton's `attn_fwd`, a Triton template)
+    takes the dtype of the tensors its op was given (the trace's `Input type`): what ran,
+    not a guess. Kernels whose names say one keep it."""
+    wanted = [index for index, (category, dtype) in
+              enumerate(zip(columns["category"], columns["dtype"]))
+              if dtype is None and category in ("gemm", "conv", "attention")]
+    if not wanted or not shaped_ops:
+        return
+    by_thread: dict[tuple, list] = defaultdict(list)
+    for op in shaped_ops:
+        by_thread[(op[3], op[4])].append(op)
+    starts = {}
+    for key, thread_ops in by_thread.items():
+        thread_ops.sort(key=lambda op: op[1])
+        starts[key] = [op[1] for op in thread_ops]
+    for index in wanted:
+        launch = launches.get(kernels[index][5])
+        if launch is None:
+            continue
+        key, ts = (launch[3], launch[4]), launch[2]
+        # the ops that started last before the launch: a nest (linear > addmm) is a few deep
+        last = bisect.bisect_right(starts.get(key, []), ts)
+        around = [op for op in by_thread.get(key, [])[max(0, last - 8):last] if ts <= op[2]]
+        if around:
+            innermost = min(around, key=lambda op: op[2] - op[1])
+            dtype = next((dtype_of(name) for name in innermost[7] if dtype_of(name)), None)
+            columns["dtype"][index] = dtype
 
 
 def _int_or_none(value: Any) -> int | None:
