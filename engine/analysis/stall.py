@@ -3,8 +3,8 @@ supervisor's log line (engine.run.watch), Live's warning and `engine show`.
 
 Progress is a logged step, a finished round of a speedup check or a finished stage of its
 set-up. While a check is in its set-up (building, warming up, calibrating each mode: one
-stage of a large model can take minutes on a CPU) the bound is the check's whole budget,
-which the set-up spends: a set-up stage silent for longer than that is stalled, a shorter
+stage of a large model can take minutes on a CPU) the bound is the check's whole budget
+(which the set-up spends) plus the usual bound: a stage silent for longer is stalled, a shorter
 one is the check at work and every surface says which stage of which mode it is in
 (engine.analysis.speedup.setup_words). A run whose supervisor
 watches it (single-process and torchrun runs) has `stall` in its summary: None while it
@@ -40,10 +40,11 @@ def speedup_in_setup(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def stall_bound_s(summary: dict[str, Any] | None, default_s: float) -> float:
     """The no-progress bound for this run now: a speedup check in set-up gets its whole
-    budget (the set-up is part of it), everything else `default_s`."""
+    budget (the set-up is part of it) plus `default_s` (the trainer's own start comes
+    before the check's clock), everything else `default_s`."""
     setup = speedup_in_setup(summary)
     budget_s = setup.get("budget_s") if setup else None
-    return max(default_s, float(budget_s)) if isinstance(budget_s, (int, float)) else default_s
+    return default_s + float(budget_s) if isinstance(budget_s, (int, float)) else default_s
 
 
 def stall_of(store, run, now_s: float | None = None) -> dict[str, Any] | None:
