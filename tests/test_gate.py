@@ -130,3 +130,15 @@ def test_the_cli_refuses_a_bad_requirement_before_launching(cli, store):
     proc = cli("speedup", "--model", "mlp", "--precisions", "fp32,bf16-amp", "--require", "bf16>=1")
     assert proc.returncode == 2 and "--require 'bf16>=1': 'bf16' is not a mode of this check" in proc.stderr
     assert store.list_runs() == []
+
+
+def test_a_requirement_on_a_mode_left_out_of_the_check_is_inconclusive_with_the_reason():
+    reason = ("bf16-amp left out: one step takes 2.27 s, so its set-up and 6 rounds of 2 steps "
+              "need about 61 s with the modes before it, and 45 s of the 60 s budget were left; "
+              "raise speedup_budget_s (--budget-s) to measure it")
+    result = {"baseline": "fp32", "contention": {"busy": False}, "dropped": [
+        {"mode": "bf16-amp", "reason": reason}], "modes": {"fp32": {"speedup": 1.0}}}
+    for text, kind in (("bf16-amp>=1.3", SPEED), ("bf16-amp<=0.8", MEMORY)):
+        verdict = gate([parse_requirement(text, kind)], result)
+        assert verdict["exit_code"] == GATE_INCONCLUSIVE
+        assert verdict["requirements"][0]["words"] == reason

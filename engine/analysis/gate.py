@@ -78,6 +78,9 @@ class Judgement:
 
 
 def judge_requirement(req: Requirement, result: dict[str, Any]) -> Judgement:
+    left_out = {entry.get("mode"): entry.get("reason") for entry in result.get("dropped") or []}
+    if req.mode in left_out:  # its step could not fit the budget: not measured, why said
+        return Judgement(req.text, req.kind, "inconclusive", str(left_out[req.mode]))
     row = (result.get("modes") or {}).get(req.mode) or {}
     if req.kind == MEMORY:
         return _judge_memory(req, row, (result.get("modes") or {}).get(result.get("baseline")) or {})
