@@ -1,5 +1,5 @@
-"""The docs stay true to the tree: README's layout lists exactly the engine's packages
-and modules, every engine path or module docs/architecture.md names exists, every
+"""The docs stay true to the tree: the layout in docs/architecture.md lists exactly the
+engine's packages and modules, every engine path or module docs/architecture.md names exists, every
 `python -m ...` entry point it lists can be run as one, and the code's pointers into
 docs/precision-reference.md land on a heading that exists."""
 
@@ -9,15 +9,15 @@ import re
 
 from import_graph import REPO_ROOT, engine_modules
 
-README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 ARCHITECTURE = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
 REFERENCE = (REPO_ROOT / "docs" / "precision-reference.md").read_text(encoding="utf-8")
 MODULES = engine_modules()
 
 
-def _readme_layout() -> dict[str, set[str]]:
-    """{"training": {"loop", ...}, "": {"config", ...}} from README's layout block."""
-    block = README[README.index("  engine/\n"):]
+def _layout_block() -> dict[str, set[str]]:
+    """{"training": {"loop", ...}, "": {"config", ...}} from the layout block of
+    docs/architecture.md ("Layout")."""
+    block = ARCHITECTURE[ARCHITECTURE.index("  engine/\n"):]
     block = block[:block.index("  tests/")]
     listed: dict[str, set[str]] = {}
     package = None
@@ -51,8 +51,8 @@ def _tree_layout() -> dict[str, set[str]]:
     return tree
 
 
-def test_readme_layout_lists_exactly_the_engine_modules():
-    assert _readme_layout() == _tree_layout()
+def test_the_layout_lists_exactly_the_engine_modules():
+    assert _layout_block() == _tree_layout()
 
 
 def test_every_engine_path_and_module_the_architecture_doc_names_exists():
@@ -108,3 +108,34 @@ def test_the_code_cites_no_document_outside_the_repository():
              if p.name != "test_docs.py"
              and re.search(r"REFERENCE\.md|DESIGN\.md|\bDESIGN:|\.\./shared", p.read_text(encoding="utf-8"))]
     assert cited == []
+
+
+DOC_PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+# Written on a GPU node by scripts/gpu_acceptance.py (docs/gpu-acceptance.md), not kept here.
+_PRODUCED_ON_A_GPU = {"gpu-reports/"}
+
+
+def test_every_relative_link_in_the_readme_and_docs_lands():
+    wrong = []
+    for page in DOC_PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"\w+://", target) or target in _PRODUCED_ON_A_GPU:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path) if path else page
+            if not dest.exists():
+                wrong.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(
+                    dest.read_text(encoding="utf-8")):
+                wrong.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such heading)")
+    assert wrong == []
+
+
+def test_the_readme_stays_short_and_the_performance_page_readable():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(readme) < 250
+    for page in (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "performance.md"):
+        long_lines = [n for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+                      if len(line) > 200]
+        assert long_lines == [], f"{page.name}: lines over 200 characters: {long_lines}"
