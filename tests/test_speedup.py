@@ -4,6 +4,7 @@ quiet and with a competing CPU hog started by the test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -38,6 +39,20 @@ from engine.training.speedup import (
     measure_speedup,
     needed_s,
 )
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch on one thread for an in-process check (as the CLI's trainer runs on 2 cores:
+    two threads beside any other work wait on each other's barriers)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _noisy(base_ms: float, rounds: int, seed: int, drift: list[float]) -> list[float]:
@@ -101,9 +116,11 @@ def test_config_validation_names_the_field():
 @pytest.mark.timeout(180)
 def test_measurement_in_process_interleaves_modes_with_equal_blocks_and_memory():
     cfg = RunConfig(model="mlp", precision="fp32", speedup_modes="fp32,bf16-amp",
-                    speedup_budget_s=5.0, batch_size=32)
+                    speedup_budget_s=15.0, batch_size=32)
     progress = []
-    result = measure_speedup(cfg, "cpu", on_progress=progress.append)
+    # the budget holds the set-up too; one thread, as the CLI's trainer runs here
+    with _one_thread():
+        result = measure_speedup(cfg, "cpu", on_progress=progress.append)
     assert result["baseline"] == "fp32" and result["rounds"] >= 1
     base, other = result["modes"]
     assert base["blocks"] == other["blocks"] == result["rounds"]
@@ -125,8 +142,9 @@ def _json_line(proc) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_speedup_end_to_end_quiet_and_under_a_cpu_hog(cli):
+    # 15 s: the budget holds the trainer's set-up too (building, warm-up, calibration)
     proc = cli("speedup", "--model", "mlp", "--precisions", "fp32,bf16-amp", "--batch-size",
-               "32", "--budget-s", "6", "--json", timeout=240)
+               "32", "--budget-s", "15", "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     result = _json_line(proc)
     assert result["status"] == "finished" and result["baseline"] == "fp32"
@@ -139,7 +157,7 @@ def test_cli_speedup_end_to_end_quiet_and_under_a_cpu_hog(cli):
 
     with cpu_hog(processes=2):
         busy = cli("speedup", "--model", "mlp", "--precisions", "fp32,fp32", "--batch-size",
-                   "32", "--budget-s", "6", "--json", timeout=240)
+                   "32", "--budget-s", "15", "--json", timeout=240)
     assert busy.returncode == 0, busy.stderr
     result = _json_line(busy)
     assert result["contention"]["busy"] is True
@@ -180,9 +198,10 @@ def test_the_speedup_check_measures_your_own_workload(tmp_path):
 
     example = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "tiny_transformer.py"
     cfg = RunConfig(model="custom", workload=str(example), precision="fp32",
-                    speedup_modes="fp32,bf16-amp", speedup_budget_s=5.0, batch_size=8,
+                    speedup_modes="fp32,bf16-amp", speedup_budget_s=15.0, batch_size=8,
                     seq_len=32)
-    result = measure_speedup(cfg, "cpu")
+    with _one_thread():  # the budget holds the set-up too
+        result = measure_speedup(cfg, "cpu")
     base, other = result["modes"]
     assert result["rounds"] >= 1 and base["blocks"] == other["blocks"]
     assert base["median_step_ms"] > 0 and other["median_step_ms"] > 0
@@ -342,18 +361,12 @@ def test_a_slow_mode_is_dropped_and_the_check_keeps_its_budget():
     """bf16 has no unit on an AVX2 CPU: its gpt step is several times fp32's, too slow for a
     5 s check with an A/A copy beside it; it is left out with the reason and the check
     ends within its budget plus one round."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # what the trainer's CLI environment uses on 2 cores
-    try:
+    with _one_thread():  # what the trainer's CLI environment uses on 2 cores
         cfg = RunConfig(model="gpt", size="tiny", device="cpu", profile=False,
                         speedup_modes="fp32,fp32,bf16-amp", speedup_budget_s=6.0)
         started_s = time.perf_counter()
         result = measure_speedup(cfg, "cpu", started_s=started_s)
         wall_s = time.perf_counter() - started_s
-    finally:
-        torch.set_num_threads(threads)
     assert [row["mode"] for row in result["modes"]] == ["fp32", "fp32 (2)"]
     assert [entry["mode"] for entry in result["dropped"]] == ["bf16-amp"]
     assert result["dropped"][0]["reason"].startswith("bf16-amp left out: one step takes ")
