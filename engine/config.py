@@ -325,7 +325,8 @@ class RunConfig:
     modes (the first is the baseline and equals `precision`), measured interleaved in one
     process (engine.training.speedup). Empty: a normal run."""
     speedup_budget_s: float = 120.0
-    """Speedup check: time budget for the timed rounds in seconds."""
+    """Speedup check: its wall time in seconds, set-up (warm-up, calibration, memory step)
+    included; a mode whose step cannot fit it is left out, with the reason."""
     speedup_target_pct: float = 3.0
     """Speedup check: stop early once every 95 % interval is within this many % of its
     speedup."""
