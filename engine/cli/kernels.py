@@ -393,6 +393,7 @@ def format_gpu_accounting(accounting: dict) -> list[str]:
         copy_us = row["memcpy_us"] + row["memset_us"]
         lines.append(f"{str(row['stream']):<8}{row['kernel_count']:>8}{_ms(row['kernel_us']):>11}"
                      f"{_ms(copy_us):>9}{_ms(row['busy_us']):>10}{_pct(row['busy_share']):>9}")
+    lines += _idle_lines(accounting.get("stream_idle") or [])
     if accounting["steps"]:
         lines += ["", "Per step: in the step's CPU span (time_ms), and by launch: the work the "
                       "step launched, over its own GPU span",
@@ -415,6 +416,27 @@ def format_gpu_accounting(accounting: dict) -> list[str]:
 
 def _ms_or_na(us: float | None) -> str:
     return "n/a" if us is None else _ms(us)
+
+
+def _idle_lines(rows: list[dict]) -> list[str]:
+    """Why each stream sat idle, its launch queue and launch delays (HTA's definitions)."""
+    if not rows:
+        return []
+    lines = ["", "Idle time by cause (host wait: nothing queued; kernel wait: queued, gap "
+                 "<= 30 us; other), launch queue and launch delay per stream",
+             f"{'stream':<8}{'idle_ms':>9}{'host_ms':>9}{'kernel_ms':>10}{'other_ms':>9}"
+             f"{'queue_max':>10}{'queue_p50':>10}{'delay_p50_us':>13}{'delay_p95_us':>13}"]
+    for row in rows:
+        delay_p50, delay_p95 = row["launch_delay_p50_us"], row["launch_delay_p95_us"]
+        lines.append(
+            f"{str(row['stream']):<8}{_ms(row['idle_us']):>9}{_ms(row['host_wait_us']):>9}"
+            f"{_ms(row['kernel_wait_us']):>10}{_ms(row['other_us']):>9}"
+            f"{row['queue_max'] if row['queue_max'] is not None else 'n/a':>10}"
+            f"{row['queue_p50'] if row['queue_p50'] is not None else 'n/a':>10}"
+            f"{'n/a' if delay_p50 is None else f'{delay_p50:,.1f}':>13}"
+            f"{'n/a' if delay_p95 is None else f'{delay_p95:,.1f}':>13}"
+            + ("  launch-bound" if row["launch_bound"] else ""))
+    return lines
 
 
 def _launch_lines(accounting: dict) -> list[str]:

@@ -26,6 +26,7 @@ from collections import defaultdict
 from operator import itemgetter
 from typing import Any
 
+from engine.traces.gpu_idle import stream_idle
 from engine.traces.parser import SPAN_PREFIXES, ParsedTrace, load_trace
 from engine.display import share_text
 
@@ -457,6 +458,8 @@ def gpu_accounting(trace: ParsedTrace, step: int | None = None) -> dict:
                       else None, "total_us": _us(sum(gaps))},
         "copies": _copy_table(trace, lo, hi),
         "streams": _stream_table(trace, lo, hi, window_us),
+        # why each stream sat idle, its launch queue and launch delays (HTA's analyses)
+        "stream_idle": stream_idle(trace, lo, hi),
         "steps": steps,
         # The GPU's own span and the work by launching step: the window above is the
         # CPU-side steps, and time-clipping GPU work to it counts what an earlier step
