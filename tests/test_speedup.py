@@ -401,3 +401,22 @@ def test_budget_s_is_the_wall_time_of_the_whole_command_quiet_and_beside_a_burst
         assert 0 < result["setup_s"] < result["elapsed_s"] <= 20.0 + margin_s
         assert "set-up: warming up bf16-amp (fp32: warm, bf16-amp: warming up)" in proc.stderr
         assert "set-up: calibrating fp32" in proc.stderr
+
+
+def test_the_set_up_words_say_the_stage_each_modes_state_and_the_budget_spent():
+    from engine.analysis.speedup import setup_words
+
+    def progress(stage, mode, modes, elapsed_s):
+        return {"phase": "setup", "elapsed_s": elapsed_s, "budget_s": 60.0,
+                "setup": {"stage": stage, "mode": mode, "modes": modes}}
+
+    assert setup_words(progress(None, None, {}, 0.4)) == (
+        "setting up · 0 / 60 s of the budget, set-up included")
+    assert setup_words(progress("calibrating", "fp32", {"fp32": "calibrating",
+                                                        "bf16-amp": "warm"}, 21.0)) == (
+        "calibrating fp32 (fp32: calibrating, bf16-amp: warm) · 21 / 60 s of the budget, "
+        "set-up included")
+    assert setup_words(progress(None, None, {"fp32": "ready", "fp16-amp": "dropped"}, 30.0)) \
+        == ("set-up done, round 1 running (fp32: ready, fp16-amp: dropped) · 30 / 60 s of the "
+            "budget, set-up included")
+    assert setup_words({"phase": "rounds", "rounds": 3}) is None

@@ -66,7 +66,10 @@ def setup_words(result: Mapping[str, Any]) -> str | None:
         return None
     setup = result.get("setup") or {}
     states = ", ".join(f"{label}: {state}" for label, state in (setup.get("modes") or {}).items())
+    modes = setup.get("modes") or {}
     doing = (f"{setup['stage']} {setup['mode']}" if setup.get("stage") and setup.get("mode")
+             else "set-up done, round 1 running" if modes and all(
+                 state in ("ready", "dropped") for state in modes.values())
              else "setting up")
     budget = result.get("budget_s")
     spent = (f" · {result.get('elapsed_s') or 0:.0f} / {budget:.0f} s of the budget, set-up "
