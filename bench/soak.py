@@ -11,7 +11,8 @@ one run in five). Then, after every run has ended:
     again at the end);
   - no run holds rows of two trainers (wall_time_s rises with the step).
 With --forking each run's workload starts children in build() (an os.fork, a setsid'd
-Popen and a double-forked daemon), which must be gone too. Exit 0 when every check holds. The last stdout line with --json is one JSON object.
+Popen and a double-forked daemon), which must be gone too. Exit 0 when every check holds. The last
+stdout line with --json is one JSON object.
 """
 
 from __future__ import annotations

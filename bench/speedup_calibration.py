@@ -195,12 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paired-batch-size", type=int, default=2)
     parser.add_argument("--paired-budget-s", type=float, default=40.0)
     parser.add_argument("--paired-repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true",
-                        help="2 checks per condition on mlp, one short paired repeat (a smoke test)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 checks per condition on mlp, one short paired repeat (a smoke test)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.checks, args.aa_budget_s, args.model, args.size, args.batch_size = 2, 5.0, "mlp", "small", 32
+        args.checks, args.aa_budget_s, args.model, args.size, args.batch_size = (
+            2,
+            5.0,
+            "mlp",
+            "small",
+            32,
+        )
         args.paired_model, args.paired_size, args.paired_batch_size = "mlp", "small", 32
         args.paired_budget_s, args.paired_repeats = 6.0, 1
     started = time.monotonic()

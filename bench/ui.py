@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, error in errors.items():
         print(f"ERROR in '{name}': {error}")
     missed = [name for name, r in page_results.items() if not r["met"]]
-    print(f"\ntarget < {TARGET_MS:.0f} ms: {'met by every page' if met else 'MISSED by ' + ', '.join(missed)}")
+    print(
+        f"\ntarget < {TARGET_MS:.0f} ms: "
+        f"{'met by every page' if met else 'MISSED by ' + ', '.join(missed)}"
+    )
     if args.json:
         emit_json({
             "benchmark": "ui", "target": TARGET_MS, "target_op": "<", "met": met,

@@ -50,9 +50,9 @@ def _engine(home: Path, *args: str, timeout_s: float) -> dict[str, Any]:
 
 def _projected(home: Path, run_id: str) -> dict[str, Any]:
     """The run's trace projected to bf16 on its device, as `engine kernels RUN --json`."""
-    from engine.traces.explain import analyze, run_trace_path
     from engine.analysis.whatif import run_projection
     from engine.store import Store
+    from engine.traces.explain import analyze, run_trace_path
 
     store = Store(home)
     run = store.get_run(run_id)

@@ -376,10 +376,14 @@ class RunConfig:
         if arch is None:
             return
         if self.image_size % arch.image_multiple:
-            raise ConfigError("image_size", self.image_size,
-                              f"{arch.name} cuts images into {arch.image_multiple} px patches; "
-                              f"use a multiple of {arch.image_multiple}, e.g. "
-                              f"{max(arch.image_multiple, self.image_size // arch.image_multiple * arch.image_multiple)}")
+            nearest = max(arch.image_multiple,
+                          self.image_size // arch.image_multiple * arch.image_multiple)
+            raise ConfigError(
+                "image_size",
+                self.image_size,
+                f"{arch.name} cuts images into {arch.image_multiple} px patches; "
+                f"use a multiple of {arch.image_multiple}, e.g. {nearest}",
+            )
         if arch.max_seq_len is not None and self.seq_len > arch.max_seq_len:
             raise ConfigError("seq_len", self.seq_len,
                               f"{arch.name} has positions for {arch.max_seq_len} tokens; use "

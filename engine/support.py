@@ -10,9 +10,9 @@ refused where a run starts, newer is allowed with a warning that it is untested.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
-import functools
 import re
 from dataclasses import dataclass
 
@@ -27,7 +27,9 @@ def _release(version: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-@functools.lru_cache(maxsize=None)  # a metadata scan costs ms; installs do not change under a process
+@functools.lru_cache(
+    maxsize=None
+)  # a metadata scan costs ms; installs do not change under a process
 def installed_version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)

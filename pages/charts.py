@@ -14,11 +14,16 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.analysis.steady import ema
 from engine.analysis.live import steady_median
+from engine.analysis.steady import ema
 from engine.display import MEMORY_UNITS, memory_unit, throughput_text
-from engine.report.figures import (PLOT_TEMPLATE, RAW_OPACITY, line_layout, line_mode,
-                                   unvalidated_figure)
+from engine.report.figures import (
+    PLOT_TEMPLATE,
+    RAW_OPACITY,
+    line_layout,
+    line_mode,
+    unvalidated_figure,
+)
 from engine.schema import PROFILE
 
 _LAYOUT = dict(template=PLOT_TEMPLATE, margin=dict(l=10, r=10, t=40, b=10), height=320,

@@ -82,19 +82,20 @@ def styled(frame: pd.DataFrame):
 
 
 def achieved_vs_peak_figure(result: dict) -> go.Figure | None:
-    lines = [l for l in result["lines"] if l["test"] == "matmul" and l["value"] is not None]
+    lines = [line for line in result["lines"]
+             if line["test"] == "matmul" and line["value"] is not None]
     if not lines:
         return None
     unit = lines[0]["unit"]
-    dtypes = [l["dtype"] for l in lines]
+    dtypes = [line["dtype"] for line in lines]
     fig = go.Figure()
-    fig.add_bar(name="achieved", x=dtypes, y=[l["value"] for l in lines],
-                text=[f"{l['value']:,.3g}" for l in lines], textposition="outside")
-    if any(l["peak"] for l in lines):
+    fig.add_bar(name="achieved", x=dtypes, y=[line["value"] for line in lines],
+                text=[f"{line['value']:,.3g}" for line in lines], textposition="outside")
+    if any(line["peak"] for line in lines):
         is_cpu = result["device"].get("kind") == "cpu"  # a CPU's peak is its ISA peak
         fig.add_bar(name="ISA peak" if is_cpu else "datasheet peak", x=dtypes,
-                    y=[l["peak"] for l in lines], marker_color="lightgray")
-    values = [l["value"] for l in lines if l["value"]]
+                    y=[line["peak"] for line in lines], marker_color="lightgray")
+    values = [line["value"] for line in lines if line["value"]]
     log_y = len(values) > 1 and max(values) / max(min(values), 1e-12) > 20
     fig.update_layout(barmode="group", height=360, margin=dict(l=10, r=10, t=40, b=10),
                       title=f"Matmul throughput ({unit})" + (", log scale" if log_y else ""),
@@ -166,15 +167,15 @@ def show_result(result: dict) -> None:
     figure = achieved_vs_peak_figure(result)
     if figure is not None:
         draw_chart(figure, key="check_peak_bars")
-        if not any(l["peak"] for l in result["lines"]):
+        if not any(line["peak"] for line in result["lines"]):
             st.caption("No datasheet peak for this device: the bars compare the dtypes with "
                        "each other (a CPU's real peak is what it measures).")
         elif result["device"].get("kind") == "cpu":
-            peak_source = next((l.get("peak_source") for l in result["lines"]
-                                if l.get("peak_source")), "")
+            peak_source = next((line.get("peak_source") for line in result["lines"]
+                                if line.get("peak_source")), "")
             st.caption(plain(f"The peak is this CPU's {peak_source}, the one Live's MFU "
                              "uses."))
-    kernel_lines = [l for l in result["lines"] if l.get("kernels")]
+    kernel_lines = [line for line in result["lines"] if line.get("kernels")]
     if kernel_lines and result["device"].get("kind") == "cpu":
         cpu_evidence(result, kernel_lines)
     elif kernel_lines:

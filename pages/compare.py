@@ -1,7 +1,8 @@
 """Compare: overlaid charts, a summary table against a baseline, the config diff,
 plain-language findings, an HTML report and, where recorded, the numerics view.
 
-Everything numeric comes from engine.analysis.compare / engine.report / engine.analysis.numerics; this
+Everything numeric comes from engine.analysis.compare / engine.report / engine.analysis.numerics;
+this
 page only picks runs, draws and launches the demo preset.
 """
 
@@ -18,21 +19,21 @@ from engine.analysis.compare import (
     summary_table,
 )
 from engine.analysis.findings import findings
-from engine.analysis.summary_text import MAIN_COLUMNS, NOTE, summary_strings
-from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.traces.explain import differs_words, explain_runs, parts_rows
 from engine.analysis.numerics import KINDS, fractions_rows, load, numerics_path, sampled_steps
-from engine.traces.verdict import short_kernel_name
+from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
+from engine.analysis.summary_text import MAIN_COLUMNS, NOTE, summary_strings
 from engine.analysis.whatif import summary_projection
 from engine.config import ConfigError
+from engine.display import NA
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
 from engine.presets import launch_many, numerics_demo_configs
 from engine.report.figures import X_STEP, X_WALL, comparison_figures
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
-from engine.display import NA
-from pages.plot_view import draw_chart
+from engine.traces.explain import differs_words, explain_runs, parts_rows
+from engine.traces.verdict import short_kernel_name
 from pages.numerics_charts import KIND_LABELS, histogram_figure
+from pages.plot_view import draw_chart
 from pages.speedup_view import draw_speedup
 from pages.ui import (
     details,
@@ -66,7 +67,9 @@ def demo_button(key: str) -> None:
         try:
             st.session_state[PRESET_KEY] = launch_many(numerics_demo_configs(), store)
         except ConfigError as exc:
-            st.error(f"Demo not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}")
+            st.error(
+                f"Demo not launched. **{exc.field}** = {plain(repr(exc.value))}: {plain(exc.fix)}"
+            )
             return
         st.rerun()
 
@@ -142,7 +145,9 @@ if checks:
     st.caption("Paired measurements: the modes ran interleaved in one process. This is the "
                "figure to quote; the run comparison below compares separate runs.")
     for check in checks:
-        st.markdown(f"**{plain(check.config.label)}** · `{check.id}` · {status_badge(check.status)}")
+        st.markdown(
+            f"**{plain(check.config.label)}** · `{check.id}` · {status_badge(check.status)}"
+        )
         draw_speedup(check.summary.get("speedup") or {}, key=f"compare_{check.id}",
                      active=check.is_active)
 selected = [i for i in selected if not by_id[i].config.is_speedup_check]
@@ -173,8 +178,10 @@ log_y = far.toggle("Log y", key="compare_log")
 
 active = [r for r in runs if r.is_active]
 if active:
-    st.caption(f"{len(active)} of the runs are still {', '.join(sorted({r.status for r in active}))}: "
-               "the numbers change as they progress.")
+    st.caption(
+        f"{len(active)} of the runs are still {', '.join(sorted({r.status for r in active}))}: "
+        "the numbers change as they progress."
+    )
     st.button("Refresh", key="compare_refresh")
 
 table = summary_table(store, selected, baseline)
@@ -327,6 +334,8 @@ with st.expander("Demo: fp16 without loss scaling vs fp16-amp vs bf16-amp"):
         f"lr {DEMO.lr:g}, {DEMO.steps} steps. As the model grows confident its "
         "activation gradients shrink below fp16's smallest subnormal (6e-8): without loss "
         "scaling they become exact zeros; a GradScaler (×65536) keeps most of them "
-        "representable; bf16 (fp32's exponent range) does not underflow at all. On a CPU, fp16 is usually emulated "
-        "and much slower than fp32.")
+        "representable; bf16 (fp32's exponent range) does not underflow at all. On a CPU, fp16 "
+        "is usually emulated "
+        "and much slower than fp32."
+    )
     demo_button("demo_expander")

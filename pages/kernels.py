@@ -11,8 +11,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.traces.accounting import launch_words, part_shares
 from engine.analysis.cpu_evidence import primitive_summary, verdict_tone
+from engine.analysis.whatif import run_projection
+from engine.display import NA, ratio_text, share_text
+from engine.report.figures import roofline_figure
+from engine.schema import TRACE_FILENAME
+from engine.store import RunNotFound
+from engine.traces.accounting import launch_words, part_shares
 from engine.traces.explain import analyze as analyze_trace_file
 from engine.traces.explain import (
     differs_words,
@@ -26,11 +31,6 @@ from engine.traces.explain import (
 from engine.traces.op_rates import witness_sentence
 from engine.traces.parser import load_trace
 from engine.traces.verdict import short_kernel_name
-from engine.display import NA, ratio_text, share_text
-from engine.report.figures import roofline_figure
-from engine.analysis.whatif import run_projection
-from engine.schema import TRACE_FILENAME
-from engine.store import RunNotFound
 from pages.plot_view import draw_chart
 from pages.ui import (
     LIVE_RUN_KEY,
@@ -315,10 +315,12 @@ def gpu_report(result: dict) -> None:
     if could:
         st.caption("Matrix ops whose kernels ran without Tensor Cores, with the likely cause.")
         for row in could:  # op names and causes come from the trace: plain text
-            st.markdown(f"- **{plain(row['cpu_op'])}**: {row['without_tensor_core_us'] / 1000:,.3f} ms "
-                        f"without Tensor Cores ({_pct(row['without_tensor_core_share'])} of its "
-                        f"matrix time{plain(''.join(', ' + d for d in row['dtypes']))}). "
-                        f"{plain('; '.join(row['likely_causes']))}")
+            st.markdown(
+                f"- **{plain(row['cpu_op'])}**: {row['without_tensor_core_us'] / 1000:,.3f} ms "
+                f"without Tensor Cores ({_pct(row['without_tensor_core_share'])} of its "
+                f"matrix time{plain(''.join(', ' + d for d in row['dtypes']))}). "
+                f"{plain('; '.join(row['likely_causes']))}"
+            )
         details("As a table, with the kernels", "kernels_could_table",
                 lambda: table(pd.DataFrame([_could_row(row) for row in could]),
                                      hide_index=True, key="could_have", placeholder=NA))
@@ -560,11 +562,14 @@ def trace_set_report(result: dict) -> None:
     """One job's ranks side by side (engine.traces.sets)."""
     st.subheader("Ranks side by side")
     st.text(result["sentence"])
-    st.caption(f"Rank numbers from {result['rank_from']}. Times per step. Idle in step: within the CPU-side "
-               "profiler steps. Idle over GPU span: first to last kernel, the figure "
-               "HolisticTraceAnalysis reports. Waiting: communication kernel time beyond the "
-               "shortest rank's for the same collective (matched by order and name), time "
-               "spent waiting for the other ranks.")
+    st.caption(
+        f"Rank numbers from {result['rank_from']}. Times per step. Idle in step: within the "
+        "CPU-side "
+        "profiler steps. Idle over GPU span: first to last kernel, the figure "
+        "HolisticTraceAnalysis reports. Waiting: communication kernel time beyond the "
+        "shortest rank's for the same collective (matched by order and name), time "
+        "spent waiting for the other ranks."
+    )
     slowest = (result.get("slowest") or {}).get("rank")
     # the columns a person compares fit at 1280 px; the files and totals are one click away
     rows = [{"rank": f"{row['rank']} (slowest)" if row["rank"] == slowest else str(row["rank"]),
@@ -670,9 +675,15 @@ if url_run and url_run not in ids and "kernels_run" not in st.session_state:
     st.code(url_run, language=None)
 wanted = (url_run if url_run in ids and "kernels_run" not in st.session_state
           else st.session_state.get(LIVE_RUN_KEY))
-run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
-                      format_func=lambda i: next(f"{status_badge(r.status)} · {r.config.label} · {r.id}"
-                                                 for r in runs if r.id == i), key="kernels_run")
+run_id = st.selectbox(
+    "Run",
+    ids,
+    index=ids.index(wanted) if wanted in ids else 0,
+    format_func=lambda i: next(
+        f"{status_badge(r.status)} · {r.config.label} · {r.id}" for r in runs if r.id == i
+    ),
+    key="kernels_run",
+)
 st.query_params["run"] = run_id  # shareable URL for this run's breakdown
 try:
     run = store.get_run(run_id)
@@ -720,10 +731,16 @@ if rank_traces:
         st.error(plain(f"Ranks side by side: {exc}"))
 if trace_path.exists():
     others = [r for r in runs if r.id != run.id and (store.run_dir(r.id) / TRACE_FILENAME).exists()]
-    other_id = st.selectbox("Compare with another run's window (B)", [None] + [r.id for r in others],
-                            format_func=lambda i: "nothing" if i is None else next(
-                                f"{r.config.label} · {r.id}" for r in others if r.id == i),
-                            key="kernels_compare_run")
+    other_id = st.selectbox(
+        "Compare with another run's window (B)",
+        [None] + [r.id for r in others],
+        format_func=lambda i: (
+            "nothing"
+            if i is None
+            else next(f"{r.config.label} · {r.id}" for r in others if r.id == i)
+        ),
+        key="kernels_compare_run",
+    )
     if other_id is not None:
         other = next(r for r in others if r.id == other_id)
         diff = compare_runs(str(store.home), run.id, other.id, run.ended_at, other.ended_at)

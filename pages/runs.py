@@ -72,9 +72,11 @@ shown = filter_runs(runs, flt)
 if flt.since and flt.until and flt.since > flt.until:
     st.warning("'Created from' is after 'Created until': no run can match.")
 archived_count = sum(1 for r in runs if r.archived)
-st.caption(f"{len(shown)} of {len(runs)} runs"
-           + (f" ({archived_count} archived, hidden)" if archived_count and not show_archived else "")
-           + ". Select rows to act on them.")
+st.caption(
+    f"{len(shown)} of {len(runs)} runs"
+    + (f" ({archived_count} archived, hidden)" if archived_count and not show_archived else "")
+    + ". Select rows to act on them."
+)
 
 # -- the table -------------------------------------------------------------------------
 # grid_row: the grid's own "Download as CSV" must not carry a note "=1+2" as a formula.
@@ -230,7 +232,9 @@ if one is not None:
                 store.set_tags(one.id, parse_tags_text(tags_in))
                 store.set_note(one.id, note_in)
             except ConfigError as exc:
-                st.error(f"Not saved: {plain(exc.field)} {plain(repr(exc.value))}: {plain(exc.fix)}")
+                st.error(
+                    f"Not saved: {plain(exc.field)} {plain(repr(exc.value))}: {plain(exc.fix)}"
+                )
             else:
                 st.toast("Saved")
                 changed_rows()

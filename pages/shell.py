@@ -54,7 +54,9 @@ def device_card() -> None:
                        "runs use the CPU; GPU-only modes are marked unsupported.")
         for dev in (gpus or []) + [d for d in devices if d.kind == "cpu"]:
             memory = memory_text(dev.memory_bytes)
-            st.markdown(f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}")
+            st.markdown(
+                f"**{plain(dev.name)}**  \n`{dev.key}` · {plain(dev.capability)} · {memory}"
+            )
             with st.expander("What each precision mode means here", expanded=False):
                 for mode in dev.modes:
                     words = mode_words(dev, mode)  # a CPU's: flags apart from the probe

@@ -36,9 +36,9 @@ from engine.cluster.sweep import (
     sweep_view,
 )
 from engine.config import ConfigError, ModelName, ModelSize, Precision, bounds, choices
+from engine.display import NA
 from engine.run.launcher import reconcile, stop
 from engine.schema import SWEEP_RUNNING
-from engine.display import NA
 from pages.plot_view import draw_chart
 from pages.ui import (
     ensure_app_shell,
@@ -92,8 +92,11 @@ def grid_form() -> None:
         address, options, ray_ok = ray_settings()
     count = len(models) * len(precisions) * len(batch_sizes)
     too_many = count > MAX_SWEEP_RUNS
-    st.markdown(f"This sweep will create **{count} run{'s' if count != 1 else ''}** ({len(models)} x {len(precisions)} x "
-                f"{len(batch_sizes)}: models x precisions x batch sizes).")
+    st.markdown(
+        f"This sweep will create **{count} run{'s' if count != 1 else ''}** "
+        f"({len(models)} x {len(precisions)} x "
+        f"{len(batch_sizes)}: models x precisions x batch sizes)."
+    )
     if too_many:
         st.error(f"{count} runs is more than the {MAX_SWEEP_RUNS} one sweep may create: "
                  "drop some models, precisions or batch sizes, or split the grid.")
@@ -106,7 +109,10 @@ def grid_form() -> None:
                          profile=profile)
         sweep_id = create_sweep(grid, store, ray_address=address, ray_options=options)
     except ConfigError as exc:
-        st.error(f"Cannot create the sweep: {plain(exc.field)} = {plain(repr(exc.value))}: {plain(exc.fix)}")
+        st.error(
+            f"Cannot create the sweep: {plain(exc.field)} = {plain(repr(exc.value))}: "
+            f"{plain(exc.fix)}"
+        )
         return
     st.session_state[SELECTED_KEY] = sweep_id
     st.session_state["sw_select"] = sweep_id  # show the new sweep below (drawn after this)
@@ -203,11 +209,19 @@ def heatmap(model: str, matrix: dict) -> go.Figure:
         scale = dict(colorscale="Viridis", colorbar=dict(title=unit or matrix["label"]))
     fig = go.Figure(go.Heatmap(z=z, text=text, **scale, **shared))
     if any(any(flags) for flags in grey):
-        fig.add_trace(go.Heatmap(
-            z=[[0 if g else None for g in flags] for flags in grey],
-            text=[[t if g else "" for t, g in zip(texts, flags)] for texts, flags in zip(text, grey)],
-            colorscale=[[0, UNCLAIMED_GREY], [1, UNCLAIMED_GREY]], showscale=False,
-            hoverongaps=False, **shared))  # its gaps are the coloured trace's cells
+        fig.add_trace(
+            go.Heatmap(
+                z=[[0 if g else None for g in flags] for flags in grey],
+                text=[
+                    [t if g else "" for t, g in zip(texts, flags)]
+                    for texts, flags in zip(text, grey)
+                ],
+                colorscale=[[0, UNCLAIMED_GREY], [1, UNCLAIMED_GREY]],
+                showscale=False,
+                hoverongaps=False,
+                **shared,
+            )
+        )  # its gaps are the coloured trace's cells
     title = f"{model}: {matrix['label']}" + (f" ({unit})" if unit else "")
     if throughput_x:
         title += f", baseline {matrix['baseline']}"

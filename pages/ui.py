@@ -13,7 +13,14 @@ from typing import Callable
 
 import streamlit as st
 
-from engine.config import INT_BOUNDS, OPEN_LOW_BOUNDS, ConfigError, bounds, parse_whole, plain_number
+from engine.config import (
+    INT_BOUNDS,
+    OPEN_LOW_BOUNDS,
+    ConfigError,
+    bounds,
+    parse_whole,
+    plain_number,
+)
 from engine.store import Store, StoreError
 from engine.store.db import RUN_ID_RE
 

@@ -274,9 +274,11 @@ def wait_app_idle(page, timeout_s: float = 60.0, settle_s: float = 0.25,
         else:
             page.wait_for_timeout(100)
     if required:
-        raise AssertionError(f"the app did not go idle within {timeout_s:.0f}s (script state "
-                             f"{page.locator(APP).get_attribute('data-test-script-state')!r}, "
-                             f"connection {page.locator(APP).get_attribute('data-test-connection-state')!r})")
+        raise AssertionError(
+            f"the app did not go idle within {timeout_s:.0f}s (script state "
+            f"{page.locator(APP).get_attribute('data-test-script-state')!r}, "
+            f"connection {page.locator(APP).get_attribute('data-test-connection-state')!r})"
+        )
     return False
 
 

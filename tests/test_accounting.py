@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.display import share_text
 from engine.traces.accounting import PARTS, cpu_op_part, part_shares, time_accounting
 from engine.traces.bound import bound_by
 from engine.traces.explain import analyze
 from engine.traces.parser import load_trace
-from engine.display import share_text
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -300,9 +300,15 @@ def test_negative_and_missing_durations_are_defects_left_out(tmp_path):
 
 
 def test_copy_kernels_are_not_copy_engine_events(tmp_path):
-    events = [_kernel("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_"
-                      "nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>>", 0, 6),
-              _copy("Memcpy DtoD (Device -> Device)", 10, 2, 2000)]
+    events = [
+        _kernel(
+            "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_"
+            "nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>>",
+            0,
+            6,
+        ),
+        _copy("Memcpy DtoD (Device -> Device)", 10, 2, 2000),
+    ]
     result = analyze(_write(tmp_path, events))
     assert result["categories"]["copy kernel"] == 6 and result["categories"]["memcpy/memset"] == 0
     assert result["copy_us"] == 2 and result["accounting"]["compute_us"] == 6
@@ -372,13 +378,21 @@ def test_data_wait_passed_in_replaces_the_trace_spans():
 # CPU op parts and other vendors
 
 
-@pytest.mark.parametrize("name, part", [
-    ("aten::addmm", "matrix"), ("aten::mkldnn_convolution", "matrix"),
-    ("aten::_to_copy", "copies"), ("aten::copy_", "copies"), ("aten::native_layer_norm", "normalisation"),
-    ("aten::gelu", "elementwise"), ("aten::_foreach_add_", "optimizer"),
-    ("aten::scaled_dot_product_attention", "attention"), ("aten::t", None),
-    ("autograd::engine::evaluate_function: AddmmBackward0", "other"),
-])
+@pytest.mark.parametrize(
+    "name, part",
+    [
+        ("aten::addmm", "matrix"),
+        ("aten::mkldnn_convolution", "matrix"),
+        ("aten::_to_copy", "copies"),
+        ("aten::copy_", "copies"),
+        ("aten::native_layer_norm", "normalisation"),
+        ("aten::gelu", "elementwise"),
+        ("aten::_foreach_add_", "optimizer"),
+        ("aten::scaled_dot_product_attention", "attention"),
+        ("aten::t", None),
+        ("autograd::engine::evaluate_function: AddmmBackward0", "other"),
+    ],
+)
 def test_cpu_op_parts(name, part):
     assert cpu_op_part(name) == part
 
@@ -418,7 +432,9 @@ def test_amd_trace_gets_matrix_core_verdict_and_no_nvidia_capability(tmp_path):
     Kineto writes them on ROCm (HIP reports gfx942 as 9.4), real AMD library kernel names."""
     properties = [{"id": 0, "name": "AMD Instinct MI300X", "computeMajor": 9, "computeMinor": 4,
                    "gcnArchName": "gfx942:sramecc+:xnack-", "totalGlobalMem": 205822885888}]
-    events = [_kernel(name, 100 * i, dur, correlation=i) for i, (name, dur) in enumerate(AMD_KERNELS)]
+    events = [
+        _kernel(name, 100 * i, dur, correlation=i) for i, (name, dur) in enumerate(AMD_KERNELS)
+    ]
     result = analyze(_write(tmp_path, events, properties=properties))
     assert (result["vendor"], result["arch"], result["compute_capability"]) == (
         "amd", "gfx942", None)

@@ -203,9 +203,9 @@ def test_pages_browser_times_every_page_and_the_first_point():
         assert seconds > 0
     assert_finite(result["cold_launch_page_s"], "cold_launch_page_s")
     assert_finite(result["first_point"]["first_launch_s"], "first launch")
-    assert len(result["launches"]) == 3 and all(l["run_id"] for l in result["launches"])
+    assert len(result["launches"]) == 3 and all(launch["run_id"] for launch in result["launches"])
     # warm launches in turn: Launch by its address, then from the Live page's sidebar
-    assert [l["via"] for l in result["launches"]] == ["address", "address", "sidebar"]
+    assert [launch["via"] for launch in result["launches"]] == ["address", "address", "sidebar"]
     for way in ("address", "sidebar"):
         assert_finite(result["first_point"][f"warm_{way}"]["median"], f"warm, {way}")
     # each page split into its start, the server's script run and the browser's drawing,

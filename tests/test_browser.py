@@ -24,8 +24,8 @@ from browser_support import (
     StreamlitServer,
     chart_points,
     chart_titles,
-    chromium_browser,
     choose,
+    chromium_browser,
     error_alerts,
     exceptions,
     goto,
@@ -399,12 +399,23 @@ def test_compare_page_draws_every_runs_curve(server, page, store):
         run_id = store.create_run(RunConfig(model="gpt", size="tiny", precision=precision),
                                   "cpu", "test cpu")
         store.set_status(run_id, "running")
-        store.write_metrics(run_id, [
-            # zig-zags: plotly merges collinear points of a line, these it cannot
-            {"step": s, "loss": 5.0 * 0.9 ** s + 0.05 * (s % 2),
-             "tokens_per_s": speed * (500.0 + 30.0 * (s % 2)), "step_time_ms": 100.0 / speed, "rss_bytes": 2**28, "mem_peak_bytes": 2**28,
-             "wall_time_s": 0.1 * s / speed, "phase": "steady" if s > 3 else "warmup"}
-            for s in range(1, 21)])
+        store.write_metrics(
+            run_id,
+            [
+                # zig-zags: plotly merges collinear points of a line, these it cannot
+                {
+                    "step": s,
+                    "loss": 5.0 * 0.9**s + 0.05 * (s % 2),
+                    "tokens_per_s": speed * (500.0 + 30.0 * (s % 2)),
+                    "step_time_ms": 100.0 / speed,
+                    "rss_bytes": 2**28,
+                    "mem_peak_bytes": 2**28,
+                    "wall_time_s": 0.1 * s / speed,
+                    "phase": "steady" if s > 3 else "warmup",
+                }
+                for s in range(1, 21)
+            ],
+        )
         finalize_run_data(store, run_id)
         store.set_status(run_id, "finished")
 

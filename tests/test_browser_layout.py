@@ -57,7 +57,9 @@ def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("layout")
     server = StreamlitServer(home=tmp / "lab_home", log_dir=tmp / "logs")
     store = Store(server.home)
-    ids = [record_run(store, tiny_config(mode, steps=30)) for mode in ("fp32", "bf16-amp", "fp16-amp")]
+    ids = [
+        record_run(store, tiny_config(mode, steps=30)) for mode in ("fp32", "bf16-amp", "fp16-amp")
+    ]
     trace_cfg = RunConfig(model="gpt", size="tiny", precision="bf16-amp", batch_size=16,
                           steps=10, profile=True, name="V100 ResNet-50 trace")
     kernel_run = store.create_run(trace_cfg, "cuda:0", "Tesla V100-SXM2-16GB")
@@ -138,7 +140,9 @@ def test_a_closed_detail_is_drawn_when_opened(lab):
         return first if first and idle.count() and tables.count() == first else None
 
     closed = wait_for(drawn_tables, timeout_s=30, message="the page's tables, drawn")
-    cpu_ops = lambda: [cell for row in grid_cells(page) for cell in row if cell.startswith("aten::")]
+    def cpu_ops():
+        return [cell for row in grid_cells(page) for cell in row if cell.startswith("aten::")]
+
     assert not cpu_ops()  # the per-op table is not on the page while closed
     page.get_by_text("Per CPU op", exact=True).click()
     wait_for(lambda: drawn_tables() == closed + 1, timeout_s=30,

@@ -63,7 +63,10 @@ def test_run_json_fp32_reports_every_field_and_is_recorded(foreground_runs):
     assert result.returncode == 0, result.stderr
     summary = last_json(result.stdout)
     for key, kind in RUN_JSON_KEYS.items():
-        assert isinstance(summary[key], kind) and not isinstance(summary[key], bool), (key, summary[key])
+        assert isinstance(summary[key], kind) and not isinstance(summary[key], bool), (
+            key,
+            summary[key],
+        )
     assert "loss_scale_final" in summary and summary["loss_scale_final"] is None
     assert summary["status"] == "finished" and summary["steps_completed"] == 12
     assert summary["skipped_steps"] == 0 and summary["device"] == "cpu"
@@ -122,8 +125,14 @@ def test_launch_returns_at_once_then_show_list_and_stop(cli, home, wait_for, gro
     store = Store(home)
     assert store.get_run(run_id).status in ("queued", "running")
 
-    wait_for(lambda: store.metrics_count(run_id) > 0, 60,
-             message=lambda: f"metrics of {run_id}; log: {(store.run_dir(run_id) / 'worker.log').read_text()[-2000:]}")
+    wait_for(
+        lambda: store.metrics_count(run_id) > 0,
+        60,
+        message=lambda: (
+            f"metrics of {run_id}; log: "
+            f"{(store.run_dir(run_id) / 'worker.log').read_text()[-2000:]}"
+        ),
+    )
     shown = cli("show", run_id, "--json")
     assert_clean(shown)
     assert shown.returncode == 0, shown.stderr

@@ -143,25 +143,50 @@ def test_kernels_flags_are_all_fuzzed():
 # speedup: every flag is refused before anything trains
 
 
-SPEEDUP_CHOICES = {"--precisions": ["", "fp17", "fp32", "\x00", ",", "fp32,bf16-amp,fp16-amp,fp32,bf16-pure"],
-                   "--require": ["", "bf16-amp", "bf16-amp>=", "bf16-amp>=abc", "bf16-amp>=nan",
-                                 "fp17>=1.3", "fp32>=1.1", "bf16-amp>=-1", "bf16-amp>=0"],
-                   "--require-mem": ["", "bf16-amp<=", "bf16-amp<=nan", "bf16-amp<=inf",
-                                     "fp17<=0.8", "bf16-amp=0.8"],
-                   "--model": ["", "foo", "\x00"], "--size": ["", "huge"],
-                   "--precision": ["", "fp17"], "--optimizer": ["", "lion2"],
-                   "--device": ["", "gpu", "cuda:99", "\x00"], "--data": ["", "disk"],
-                   "--sharding": ["", "zero9"], "--comm-hook": ["", "int3"],
-                   "--speedup-modes": ["", "fp17"], "--workload": ["\x00", "a\nb", "x" * 5000],
-                   "--model-file": ["", "\x00", "/nonexistent-precision-lab/m.py"],
-                   "--name": ["\x00", "a" * 5000]}
+SPEEDUP_CHOICES = {
+    "--precisions": ["", "fp17", "fp32", "\x00", ",", "fp32,bf16-amp,fp16-amp,fp32,bf16-pure"],
+    "--require": [
+        "",
+        "bf16-amp",
+        "bf16-amp>=",
+        "bf16-amp>=abc",
+        "bf16-amp>=nan",
+        "fp17>=1.3",
+        "fp32>=1.1",
+        "bf16-amp>=-1",
+        "bf16-amp>=0",
+    ],
+    "--require-mem": [
+        "",
+        "bf16-amp<=",
+        "bf16-amp<=nan",
+        "bf16-amp<=inf",
+        "fp17<=0.8",
+        "bf16-amp=0.8",
+    ],
+    "--model": ["", "foo", "\x00"],
+    "--size": ["", "huge"],
+    "--precision": ["", "fp17"],
+    "--optimizer": ["", "lion2"],
+    "--device": ["", "gpu", "cuda:99", "\x00"],
+    "--data": ["", "disk"],
+    "--sharding": ["", "zero9"],
+    "--comm-hook": ["", "int3"],
+    "--speedup-modes": ["", "fp17"],
+    "--workload": ["\x00", "a\nb", "x" * 5000],
+    "--model-file": ["", "\x00", "/nonexistent-precision-lab/m.py"],
+    "--name": ["\x00", "a" * 5000],
+}
 
 
 def _speedup_flags_and_values():
     for flag, action in _flags("speedup").items():
         if flag in SPEEDUP_CHOICES:
             values = SPEEDUP_CHOICES[flag]
-        elif getattr(action.type, "__name__", "") in ("int", "float") or action.type in (int, float):
+        elif getattr(action.type, "__name__", "") in ("int", "float") or action.type in (
+            int,
+            float,
+        ):
             values = NOT_A_NUMBER + ["-1", "-1e308", "99999999999999999999"]
         else:
             values = NOT_A_NUMBER

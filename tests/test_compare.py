@@ -127,7 +127,10 @@ def test_findings_say_faster_slower_and_why_with_the_tables_numbers(store, three
     assert "skipped 3 steps to overflow" in fp16 and "final loss scale 8192" in fp16
     assert "about the same peak memory" in fp16
     assert "final loss within noise" in fp16  # a ±0.4 % wobble, final diff +0.4 %
-    assert f"Why, from the CPU evidence of its profiler window: {EMULATED_EVIDENCE['headline']}" in fp16
+    assert (
+        f"Why, from the CPU evidence of its profiler window: {EMULATED_EVIDENCE['headline']}"
+        in fp16
+    )
     assert "Tensor Cores" not in fp16 and "Tensor Cores" not in by_name["Baseline fp32"]
     assert any(line.startswith("Fastest: bf16-amp (2.00x") for line in text)
 

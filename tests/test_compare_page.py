@@ -216,7 +216,8 @@ def test_compare_page_on_real_worker_runs_end_to_end(home):
     text = re.sub(r"\\(.)", r"\1", "\n".join(md.value for md in at.markdown))
     for run_id in ids[1:]:
         run = store.get_run(run_id)
-        line = next(l for l in text.splitlines() if l.startswith(f"- {run.config.precision}:"))
+        line = next(row for row in text.splitlines()
+                    if row.startswith(f"- {run.config.precision}:"))
         x = expected.loc[run_id, "throughput_x"]
         assert speed_word(expected.loc[run_id], expected.loc[ids[0]]) in line
         evidence = run.summary.get("cpu_evidence") or {}

@@ -71,7 +71,9 @@ STR_FIELDS = ("device", "name", "workload", "speedup_modes")
 
 
 def test_every_field_is_covered_by_these_tests():
-    covered = set(INT_BOUNDS) | set(FLOAT_BOUNDS) | set(ENUM_FIELDS) | set(BOOL_FIELDS) | set(STR_FIELDS)
+    covered = (
+        set(INT_BOUNDS) | set(FLOAT_BOUNDS) | set(ENUM_FIELDS) | set(BOOL_FIELDS) | set(STR_FIELDS)
+    )
     assert {f.name for f in config_fields()} == covered
 
 
@@ -282,14 +284,39 @@ def test_config_is_frozen():
 def test_json_round_trip_of_defaults_and_of_every_field_changed():
     default = RunConfig()
     assert RunConfig.from_json(default.to_json()) == default
-    changed = RunConfig(model="resnet", size="small", precision="fp16-amp", batch_size=7,
-                        steps=11, lr=0.5, optimizer="sgd", weight_decay=0.25, seed=42,
-                        device="cuda:1", seq_len=3, image_size=9, channels_last=True,
-                        compile=True, grad_scaler_init_scale=1024, grad_scaler_growth_interval=5,
-                        loss_scaling=False, numerics=True, log_interval=2, warmup_steps=0, profile=False,
-                        profile_steps=50, memory_cap_mb=300, name="all (changed)", nprocs=2,
-                        comm_hook="fp16", data="loader", num_workers=3, pin_memory=True,
-                        persistent_workers=True, prefetch_factor=4)
+    changed = RunConfig(
+        model="resnet",
+        size="small",
+        precision="fp16-amp",
+        batch_size=7,
+        steps=11,
+        lr=0.5,
+        optimizer="sgd",
+        weight_decay=0.25,
+        seed=42,
+        device="cuda:1",
+        seq_len=3,
+        image_size=9,
+        channels_last=True,
+        compile=True,
+        grad_scaler_init_scale=1024,
+        grad_scaler_growth_interval=5,
+        loss_scaling=False,
+        numerics=True,
+        log_interval=2,
+        warmup_steps=0,
+        profile=False,
+        profile_steps=50,
+        memory_cap_mb=300,
+        name="all (changed)",
+        nprocs=2,
+        comm_hook="fp16",
+        data="loader",
+        num_workers=3,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     # sharding=fsdp2 excludes numerics: its change round-trips in a second config.
     sharded = changed.replace(sharding="fsdp2", numerics=False)
     own = changed.replace(model="custom", workload="my_workload.py")  # a workload: model custom
@@ -346,10 +373,13 @@ def _float_field(name):
 VALID_FIELD_STRATEGIES = {
     **{name: _int_field(name) for name in INT_BOUNDS},
     **{name: _float_field(name) for name in FLOAT_BOUNDS},
-    **{name: st.sampled_from(list(enum_type)) | st.sampled_from(choices(enum_type))
-       for name, enum_type in ENUM_FIELDS.items()},
+    **{
+        name: st.sampled_from(list(enum_type)) | st.sampled_from(choices(enum_type))
+        for name, enum_type in ENUM_FIELDS.items()
+    },
     **{name: st.booleans() for name in BOOL_FIELDS},
-    "device": st.sampled_from(["auto", "cpu", "cuda"]) | st.from_regex(r"cuda:[0-9]{1,2}", fullmatch=True),
+    "device": st.sampled_from(["auto", "cpu", "cuda"])
+    | st.from_regex(r"cuda:[0-9]{1,2}", fullmatch=True),
     "name": st.from_regex(r"[A-Za-z0-9 .,:+()_\-]{0,80}", fullmatch=True),
 }
 
@@ -420,8 +450,13 @@ def _bad_values_for(name: str):
         return st.integers() | st.floats() | any_junk
     if name == "device":
         # Trailing newlines are left to test_trailing_newline_is_rejected (a known bug).
-        return st.text(max_size=10).filter(
-            lambda s: not re.fullmatch(r"(auto|cpu|cuda(:\d{1,2})?)\n?", s)) | st.none() | st.integers()
+        return (
+            st.text(max_size=10).filter(
+                lambda s: not re.fullmatch(r"(auto|cpu|cuda(:\d{1,2})?)\n?", s)
+            )
+            | st.none()
+            | st.integers()
+        )
     if name == "name":
         bad = st.text(min_size=81, max_size=90) | st.text(max_size=10).filter(
             lambda s: re.search(r"[^\w .,:+()\-]", s.rstrip("\n")) is not None)

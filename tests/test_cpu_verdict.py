@@ -52,9 +52,19 @@ def _log(name: str) -> str:
 
 def _probe_dtype(log_name: str, conv_speed: float) -> dict:
     """One dtype of a probe record whose convolution ran what `log_name` shows."""
-    primitives = [{"kind": p.kind, "prop_kind": p.prop_kind, "implementation": p.implementation,
-                       "isa": p.isa, "src_dtype": p.src_dtype, "problem": p.problem, "exec_ms": p.exec_ms}
-                  for p in parse_onednn_verbose(_log(log_name)) if p.is_matrix]
+    primitives = [
+        {
+            "kind": p.kind,
+            "prop_kind": p.prop_kind,
+            "implementation": p.implementation,
+            "isa": p.isa,
+            "src_dtype": p.src_dtype,
+            "problem": p.problem,
+            "exec_ms": p.exec_ms,
+        }
+        for p in parse_onednn_verbose(_log(log_name))
+        if p.is_matrix
+    ]
     return {"ops": {"conv": {"wall_ms": 3600.0, "flop": 1e9, "flops_per_s": 1e9 * conv_speed,
                              "primitives": primitives},
                     "matmul": {"wall_ms": 1.0, "flop": 1e9, "flops_per_s": 1e12,

@@ -103,10 +103,15 @@ def test_code_pointers_into_the_precision_reference_land_on_a_heading():
 
 
 def test_the_code_cites_no_document_outside_the_repository():
-    cited = [str(p.relative_to(REPO_ROOT)) for d in ("engine", "pages", "tests", "bench", "scripts")
-             for p in (REPO_ROOT / d).rglob("*.py")
-             if p.name != "test_docs.py"
-             and re.search(r"REFERENCE\.md|DESIGN\.md|\bDESIGN:|\.\./shared", p.read_text(encoding="utf-8"))]
+    cited = [
+        str(p.relative_to(REPO_ROOT))
+        for d in ("engine", "pages", "tests", "bench", "scripts")
+        for p in (REPO_ROOT / d).rglob("*.py")
+        if p.name != "test_docs.py"
+        and re.search(
+            r"REFERENCE\.md|DESIGN\.md|\bDESIGN:|\.\./shared", p.read_text(encoding="utf-8")
+        )
+    ]
     assert cited == []
 
 

@@ -13,7 +13,8 @@ STATUSES = {"native", "emulated", "unsupported"}
 
 
 def cpuinfo_flags() -> set[str]:
-    """Read independently of engine.hardware.devices, so the test checks it rather than repeats it."""
+    """Read independently of engine.hardware.devices, so the test checks it rather than
+    repeats it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:

@@ -11,10 +11,10 @@ import pytest
 from _real_runs import tiny_config
 from streamlit.testing.v1 import AppTest
 
-from engine.traces.explain import explain_diff, explain_runs, run_caveats, window_note
 from engine.report.html import build_html
 from engine.run.launcher import launch
 from engine.schema import FINAL_STATUSES
+from engine.traces.explain import explain_diff, explain_runs, run_caveats, window_note
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 pytestmark = pytest.mark.slow
@@ -33,7 +33,9 @@ def two_profiled_runs(store):
 
 
 def _text(at: AppTest) -> str:
-    parts = [e.value for kind in ("markdown", "caption", "info", "warning") for e in getattr(at, kind)]
+    parts = [
+        e.value for kind in ("markdown", "caption", "info", "warning") for e in getattr(at, kind)
+    ]
     return re.sub(r"\\(.)", r"\1", "\n".join(parts))
 
 

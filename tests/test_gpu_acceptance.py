@@ -31,7 +31,9 @@ def blocked_ui_packages(tmp_path) -> Path:
     for name in ("streamlit", "plotly"):
         (tmp_path / "blocked" / name).mkdir(parents=True)
         (tmp_path / "blocked" / name / "__init__.py").write_text(
-            f"raise ImportError('{name} is not on a GPU node: the acceptance path must not import it')\n")
+            f"raise ImportError('{name} is not on a GPU node: "
+            "the acceptance path must not import it')\n"
+        )
     return tmp_path / "blocked"
 
 

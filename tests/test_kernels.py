@@ -69,14 +69,19 @@ def _tsv_dtypes(label: str) -> set[str]:
 # gather, a collective, an Inductor kernel): a name-only classifier cannot see it.
 # (nvjet spells its types as letters: tst = bf16, hsh = fp16.)
 # (Tensile spells its types in letters too: B_BS_BH / BBS_BH = bf16, S_B / SB = fp32.)
-_SPELLINGS = {"bf16": ("bf16", "bfloat16", "_tst_", "_b_bs_bh_", "_bbs_bh_", "df16b"),
-              "fp16": ("f16", "fp16", "half", "_hsh_"),
-              "fp32": ("f32", "float", "sgemm", "ffma", "_s_b_", "_sb_"), "tf32": ("tf32", "tfloat32", "s1688"),
-              "fp8": ("e4m3", "e5m2", "fp8"), "fp4": ("e2m1",), "int8": ("int8", "i8"),
-              "nvfp4": ("ue4m3xf4", "ue4m3xe2m1", "avec16ue4m3", "e2m1"),
-              "mxfp8": ("ue8m0xe4m3", "ue8m0xe5m2", "avec32ue8m0", "mxe4m3"),
-              "mxfp4": ("ue8m0xf4", "ue8m0xe2m1", "mxe2m1", "mxfp4"),
-              "complex64": ("cgemm",)}
+_SPELLINGS = {
+    "bf16": ("bf16", "bfloat16", "_tst_", "_b_bs_bh_", "_bbs_bh_", "df16b"),
+    "fp16": ("f16", "fp16", "half", "_hsh_"),
+    "fp32": ("f32", "float", "sgemm", "ffma", "_s_b_", "_sb_"),
+    "tf32": ("tf32", "tfloat32", "s1688"),
+    "fp8": ("e4m3", "e5m2", "fp8"),
+    "fp4": ("e2m1",),
+    "int8": ("int8", "i8"),
+    "nvfp4": ("ue4m3xf4", "ue4m3xe2m1", "avec16ue4m3", "e2m1"),
+    "mxfp8": ("ue8m0xe4m3", "ue8m0xe5m2", "avec32ue8m0", "mxe4m3"),
+    "mxfp4": ("ue8m0xf4", "ue8m0xe2m1", "mxe2m1", "mxfp4"),
+    "complex64": ("cgemm",),
+}
 
 
 def _name_spells(name: str, dtypes: set[str]) -> bool:

@@ -84,7 +84,9 @@ def test_closed_details_are_not_drawn_until_opened(store):
     assert len(closed.dataframe) < len(opened.dataframe)
     assert len(closed.text) == 1 and len(opened.text) == 1  # the evidence list
     assert not closed.code and len(opened.code) == 1  # the full names: drawn when opened
-    per_op = lambda at: [df.value for df in at.dataframe if "cpu_op" in df.value.columns]
+    def per_op(at):
+        return [df.value for df in at.dataframe if "cpu_op" in df.value.columns]
+
     assert not per_op(closed) and per_op(opened)
 
 
@@ -150,9 +152,9 @@ def test_gpu_run_banner_carries_the_advice_and_the_accounting_is_shown(store):
     streams = next(f for f in frames if "stream" in f.columns and "busy_ms" in f.columns)
     assert list(streams["stream"]) == ["7", "40"]
     # the shares read as the CLI prints them: one rounding, one formatter
+    from engine.cli.kernels import format_breakdown
     from engine.traces.accounting import launch_words
     from engine.traces.explain import analyze
-    from engine.cli.kernels import format_breakdown
 
     report = format_breakdown(analyze(TRACES / "a100_conv_nccl_hta.json.gz"))
     parts = next(f for f in frames if "share_of_step" in f.columns)

@@ -52,8 +52,10 @@ def _page(run_id: str) -> AppTest:
 def test_mi300x_run_shows_matrix_cores_yes_and_its_per_op_rates(store):
     at = _page(_run_with_trace(store, TRACES / "mi300_qwen_tracelens.json.gz"))
     assert any("Matrix Cores (AMD MFMA): yes" in _text(box) for box in at.success)
-    assert any(_text(box).startswith("The rates confirm the kernel names: aten::mm 8944x1024x2816 bf16")
-               for box in at.success)
+    assert any(
+        _text(box).startswith("The rates confirm the kernel names: aten::mm 8944x1024x2816 bf16")
+        for box in at.success
+    )
     table = next(frame.value for frame in at.dataframe if "TFLOP/s" in frame.value.columns)
     big = table[table["shape"] == "8944x2816x1024"].iloc[0]
     assert big["op"] == "aten::mm" and big["calls"] == 48 and big["bound"] == "compute"

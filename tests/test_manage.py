@@ -226,19 +226,34 @@ def test_cli_tag_note_archive_list_and_delete(tmp_path):
     assert [r.id for r in Store(home).list_runs()] == [a]
 
 
-@pytest.mark.parametrize("args, starts", [
-    (["tag", "RUN", "no-equals-sign"], "error: tag 'no-equals-sign': key=value"),
-    (["tag", "RUN", "bad key!=1"], "error: tag 'bad key!': a key of letters"),
-    (["tag", "RUN"], "error: tag: give KEY=VALUE"),
-    (["note", "no-such-run", "x"], "error: run_id='no-such-run': no such run"),
-    (["delete", "bad id!", "--yes"], "error: run_id='bad id!': not a valid run id"),
-    (["list", "--since", "yesterday"], "error: argument --since: --since 'yesterday': expected a date"),
-    (["list", "--tag", "=x"], "error: --tag '=x': key=value or key"),
-    (["export", "RUN", "--csv", "/no/such/dir/m.csv"], "error: --csv '/no/such/dir/m.csv': folder"),
-    (["export", "RUN", "RUN", "--csv", "m.csv"], "error: --csv: one run per file"),
-    (["export", "RUN", "--html", "r.html", "--experiment", "x"], "error: --experiment 'x': applies"),
-    (["export", "RUN", "--mlflow", "ftp://host"], "error: --mlflow 'ftp://host': expected a tracking URI"),
-])
+@pytest.mark.parametrize(
+    "args, starts",
+    [
+        (["tag", "RUN", "no-equals-sign"], "error: tag 'no-equals-sign': key=value"),
+        (["tag", "RUN", "bad key!=1"], "error: tag 'bad key!': a key of letters"),
+        (["tag", "RUN"], "error: tag: give KEY=VALUE"),
+        (["note", "no-such-run", "x"], "error: run_id='no-such-run': no such run"),
+        (["delete", "bad id!", "--yes"], "error: run_id='bad id!': not a valid run id"),
+        (
+            ["list", "--since", "yesterday"],
+            "error: argument --since: --since 'yesterday': expected a date",
+        ),
+        (["list", "--tag", "=x"], "error: --tag '=x': key=value or key"),
+        (
+            ["export", "RUN", "--csv", "/no/such/dir/m.csv"],
+            "error: --csv '/no/such/dir/m.csv': folder",
+        ),
+        (["export", "RUN", "RUN", "--csv", "m.csv"], "error: --csv: one run per file"),
+        (
+            ["export", "RUN", "--html", "r.html", "--experiment", "x"],
+            "error: --experiment 'x': applies",
+        ),
+        (
+            ["export", "RUN", "--mlflow", "ftp://host"],
+            "error: --mlflow 'ftp://host': expected a tracking URI",
+        ),
+    ],
+)
 def test_cli_bad_input_is_one_line_naming_the_field(home, capsys, args, starts):
     store = Store(home)
     run_id = store.create_run(RunConfig(), "cpu")
@@ -276,7 +291,9 @@ def test_cli_csv_and_parquet_exports(lab, tmp_path):
 
 @pytest.mark.slow
 def test_mlflow_export_to_a_real_file_store(lab, tmp_path, monkeypatch):
-    pytest.importorskip("mlflow", reason="MLflow not installed: pip install -r requirements-export.txt")
+    pytest.importorskip(
+        "mlflow", reason="MLflow not installed: pip install -r requirements-export.txt"
+    )
     home, store, (run_id, _) = lab
     store.set_tags(run_id, {"team": "infra"})
     store.set_note(run_id, "exported")

@@ -44,7 +44,9 @@ def _page(path: str, query: dict[str, str] | None = None) -> AppTest:
 
 def _select_rows(at: AppTest, rows: list[int]) -> None:
     """What clicking rows of the Runs table does (AppTest cannot click a grid)."""
-    key = f"runs_table_{at.session_state['runs_table_version'] if 'runs_table_version' in at.session_state else 0}"
+    version = (at.session_state["runs_table_version"]
+               if "runs_table_version" in at.session_state else 0)
+    key = f"runs_table_{version}"
     at.session_state[key] = {"selection": {"rows": rows, "columns": [], "cells": []}}
     at.run()
     assert not at.exception, at.exception
@@ -186,8 +188,17 @@ def test_compare_url_restores_the_view_and_names_unknown_ids(lab):
 def test_kernels_url_selects_the_run_and_names_an_unknown_one(lab):
     store, (alpha, bf16) = lab
     for run_id in (alpha, bf16):
-        store.merge_summary(run_id, {"cpu_evidence": {"verdict": "not applicable", "headline":
-                                                      "fp32 run", "evidence": [], "primitives": []}})
+        store.merge_summary(
+            run_id,
+            {
+                "cpu_evidence": {
+                    "verdict": "not applicable",
+                    "headline": "fp32 run",
+                    "evidence": [],
+                    "primitives": [],
+                }
+            },
+        )
     at = _page("pages/kernels.py", {"run": alpha})
     assert at.selectbox(key="kernels_run").value == alpha
     at = _page("pages/kernels.py", {"run": "no-such-run"})

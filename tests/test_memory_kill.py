@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from engine.config import RunConfig
-from engine.proc import PROJECT_ROOT, child_env, cgroup_oom_kills, sigkill_cause
+from engine.proc import PROJECT_ROOT, cgroup_oom_kills, child_env, sigkill_cause
 from engine.schema import FINAL_STATUSES, RUNNING, WORKER_LOG
 
 MIB = 2**20

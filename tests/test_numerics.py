@@ -1,5 +1,6 @@
 """engine.training.numerics: exact histogram and fp16-fraction counts on hand-built tensors, and
-the probe on a real tiny model (the step mirrors the wiring proposed for engine/training/loop.py)."""
+the probe on a real tiny model (the step mirrors the wiring proposed for
+engine/training/loop.py)."""
 
 from __future__ import annotations
 
@@ -216,9 +217,11 @@ def test_load_rejects_other_files(tmp_path):
         load(tmp_path / "missing.json")
 
 
-@pytest.mark.skipif("numerics" not in {f.name for f in dataclasses.fields(RunConfig)},
-                    reason="RunConfig has no `numerics` field yet: the lead wires the probe "
-                           "into engine/training/loop.py (see engine/training/numerics.py docstring)")
+@pytest.mark.skipif(
+    "numerics" not in {f.name for f in dataclasses.fields(RunConfig)},
+    reason="RunConfig has no `numerics` field yet: the lead wires the probe "
+    "into engine/training/loop.py (see engine/training/numerics.py docstring)",
+)
 def test_train_writes_numerics_json_when_enabled(tmp_path):
     from engine.training.loop import train
 

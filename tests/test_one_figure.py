@@ -45,9 +45,13 @@ def two_runs(home):
 
 def _expected(store: Store, run_id: str) -> dict[str, str]:
     s = store.get_run(run_id).summary
-    return {"loss": loss_text(s["final_loss"]), "throughput": throughput_text(s["samples_per_s"]),
-            "step_time": step_time_text(s["step_time_ms"]), "memory": memory_text(s["peak_mem_bytes"]),
-            "mfu": mfu_text(s.get("mfu"))}
+    return {
+        "loss": loss_text(s["final_loss"]),
+        "throughput": throughput_text(s["samples_per_s"]),
+        "step_time": step_time_text(s["step_time_ms"]),
+        "memory": memory_text(s["peak_mem_bytes"]),
+        "mfu": mfu_text(s.get("mfu")),
+    }
 
 
 def _report_row(report: str, run_id: str) -> list[str]:
@@ -93,7 +97,9 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     row = main[main["run"] == name].iloc[0]
     unit = memory_unit(PEAK_BYTES.values())
     assert unit == "GiB"
-    assert row[f"peak memory ({unit})"] == memory_text(PEAK_BYTES["bf16-amp"], unit, with_unit=False)
+    assert row[f"peak memory ({unit})"] == memory_text(
+        PEAK_BYTES["bf16-amp"], unit, with_unit=False
+    )
     assert row["final loss"] == want["loss"]
     assert row["MFU"] == want["mfu"]
     assert list(main.columns) == list(summary_strings(summary_table(store, [base_id, run_id],

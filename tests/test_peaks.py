@@ -73,7 +73,9 @@ def test_datasheet_peaks_match_reference():
     h200 = peak_for(gpu("NVIDIA H200", (9, 0)), "bf16")
     assert h200.flops_per_s == pytest.approx(989e12) and h200.source == "datasheet (H200 SXM)"
     assert peak_for(gpu("NVIDIA H100 PCIe", (9, 0)), "fp8").flops_per_s == pytest.approx(1513e12)
-    assert peak_for(gpu("NVIDIA A100-SXM4-80GB", (8, 0)), "tf32").flops_per_s == pytest.approx(156e12)
+    assert peak_for(gpu("NVIDIA A100-SXM4-80GB", (8, 0)), "tf32").flops_per_s == pytest.approx(
+        156e12
+    )
     assert peak_for(gpu("Tesla T4", (7, 5)), "fp16").flops_per_s == pytest.approx(65e12)
     assert DATASHEET_TFLOPS["B200"]["fp8"] == 4500 and DATASHEET_TFLOPS["RTX 3090"]["tf32"] == 35.6
 

@@ -51,9 +51,14 @@ def test_the_bundle_url_is_under_the_servers_base_path():
     saved = st_config.get_option("server.baseUrlPath")
     try:
         st_config.set_option("server.baseUrlPath", "")
-        assert plot_view.bundle_url("basic") == f"/app/static/plotly/plotly-basic-{PLOTLY_JS_VERSION}.min.js"
+        assert (
+            plot_view.bundle_url("basic")
+            == f"/app/static/plotly/plotly-basic-{PLOTLY_JS_VERSION}.min.js"
+        )
         st_config.set_option("server.baseUrlPath", "/lab/")
-        assert plot_view.bundle_url("cartesian").startswith("/lab/app/static/plotly/plotly-cartesian-")
+        assert plot_view.bundle_url("cartesian").startswith(
+            "/lab/app/static/plotly/plotly-cartesian-"
+        )
     finally:
         st_config.set_option("server.baseUrlPath", saved)
 

@@ -78,7 +78,9 @@ def build(cfg):
 def _workload(tmp_path: Path, fail: bool = False, step_s: float = 0.0) -> tuple[Path, Path]:
     pids = tmp_path / "children.pids"
     path = tmp_path / "forking_workload.py"
-    path.write_text(textwrap.dedent(FORKING_WORKLOAD.format(pids=str(pids), fail=fail, step_s=step_s)))
+    path.write_text(
+        textwrap.dedent(FORKING_WORKLOAD.format(pids=str(pids), fail=fail, step_s=step_s))
+    )
     return path, pids
 
 

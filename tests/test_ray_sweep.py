@@ -151,8 +151,12 @@ def test_a_ray_sweep_finishes_with_metrics_telemetry_traces_and_summaries(finish
     view = finished_sweep
     assert view.status == SWEEP_DONE, [(r.status, r.reason) for r in view.runs]
     sweep = view.sweep
-    wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30, interval_s=0.2,
-             message="the driver to exit")
+    wait_for(
+        lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time),
+        30,
+        interval_s=0.2,
+        message="the driver to exit",
+    )
     sweep = lab.get_sweep(sweep.id)
     assert sweep.backend == SWEEP_RAY and sweep.ray_address == ray_address
     assert sweep.status == SWEEP_DONE  # recorded by the driver itself before it exits
@@ -221,8 +225,12 @@ def test_stopping_ray_runs_ends_their_tasks_cooperatively_or_by_force(ray_addres
 
     for sweep_id in (polite, forced):
         sweep = lab.get_sweep(sweep_id)
-        wait_for(lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time), 30, interval_s=0.2,
-                 message=f"the driver of {sweep_id} to exit")
+        wait_for(
+            lambda: not is_alive(sweep.driver_pid, sweep.driver_pid_create_time),
+            30,
+            interval_s=0.2,
+            message=f"the driver of {sweep_id} to exit",
+        )
         assert lab.get_sweep(sweep_id).status == SWEEP_DONE
         assert sweep_view(lab, sweep_id).status == SWEEP_DONE
 
@@ -337,7 +345,9 @@ def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep
     specs = {}
     specs.update(charts_by_title(at))
     heat = specs["mlp: throughput vs the baseline precision (x), baseline fp32"]["data"][0]
-    assert heat["type"] == "heatmap" and heat["z"][0][0] == pytest.approx(0.0)  # log2(1x): the baseline
+    assert heat["type"] == "heatmap" and heat["z"][0][0] == pytest.approx(
+        0.0
+    )  # log2(1x): the baseline
 
     # The Ray part of the form: the operator's address, checked on request; a Ray head
     # answers, so nothing is in error and the sweep can be created.

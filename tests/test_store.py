@@ -42,7 +42,9 @@ def test_database_is_in_wal_mode_with_current_schema(store, home):
     with store.connect() as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
     assert {"runs", "metrics", "telemetry", "kernels"} <= tables
     assert stat.S_IMODE(store.runs_dir.stat().st_mode) == 0o700
 
@@ -352,11 +354,19 @@ def test_metrics_of_runs_are_separate(store):
 
 def test_metric_values_nan_inf_numpy_and_nulls(store):
     run_id = make_runs(store, 1)[0]
-    store.write_metrics(run_id, [
-        {"step": np.int64(1), "loss": np.float32(2.5), "loss_scale": 65536.0, "skipped_steps": np.int64(2)},
-        {"step": 2, "loss": float("nan")},
-        {"step": 3, "loss": float("inf")},
-    ])
+    store.write_metrics(
+        run_id,
+        [
+            {
+                "step": np.int64(1),
+                "loss": np.float32(2.5),
+                "loss_scale": 65536.0,
+                "skipped_steps": np.int64(2),
+            },
+            {"step": 2, "loss": float("nan")},
+            {"step": 3, "loss": float("inf")},
+        ],
+    )
     frame = store.read_metrics(run_id, max_points=None)
     assert frame["loss"].iloc[0] == 2.5 and frame["skipped_steps"].iloc[0] == 2
     assert math.isnan(frame["loss"].iloc[1])  # SQLite stores NaN as NULL

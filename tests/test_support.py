@@ -5,10 +5,10 @@ too-old PyTorch refused where a run is admitted, naming the fix."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from engine import support
 from engine.admission import check_runnable

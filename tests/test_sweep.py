@@ -19,9 +19,9 @@ import pytest
 from conftest import wait_for
 from streamlit.testing.v1 import AppTest
 
+from engine.analysis.steady import COMPARE_STATS_KEY
 from engine.cli.main import main as cli_main
 from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
-from engine.analysis.steady import COMPARE_STATS_KEY
 from engine.cluster.sweep import (
     MAX_SWEEP_RUNS,
     RATIO_BASELINE,
@@ -72,7 +72,11 @@ def test_grid_is_the_product_models_outermost_batch_innermost():
 
 def test_grid_drops_repeated_values():
     grid = SweepGrid(models="mlp,mlp", precisions="fp32,fp32,bf16-amp", batch_sizes="8,8")
-    assert (grid.models, grid.precisions, grid.batch_sizes) == (("mlp",), ("fp32", "bf16-amp"), (8,))
+    assert (grid.models, grid.precisions, grid.batch_sizes) == (
+        ("mlp",),
+        ("fp32", "bf16-amp"),
+        (8,),
+    )
 
 
 @pytest.mark.parametrize("changes, field, value, fix_part", [
@@ -328,7 +332,9 @@ def test_heatmap_greys_unclaimed_ratios_and_colours_the_rest_by_log2(home, store
     assert cell(grey, "text", "fp16-amp", 8).startswith("1.01x n.s.<br>")
     claimed = [("fp32", 8), ("bf16-amp", 8), ("fp32", 16), ("bf16-pure", 16)]
     for precision, batch in claimed + [("bf16-amp", 16)]:
-        assert cell(grey, "z", precision, batch) is None and cell(grey, "text", precision, batch) == ""
+        assert (
+            cell(grey, "z", precision, batch) is None and cell(grey, "text", precision, batch) == ""
+        )
     assert [cell(coloured, "z", p, b) for p, b in claimed] == pytest.approx([0.0, 1.0, 0.0, -1.0])
     assert cell(coloured, "z", "bf16-amp", 16) is None  # stopped: its status as text
     assert cell(coloured, "text", "bf16-amp", 16) == STOPPED
@@ -486,7 +492,12 @@ def test_form_counts_runs_caps_the_grid_creates_and_stops_a_sweep(home, store, o
     (sweep,) = store.list_sweeps()
     assert len(sweep.run_ids) == 2 and sweep.backend == SWEEP_LOCAL
     first = sweep.run_ids[0]
-    wait_for(lambda: store.get_run(first).status == RUNNING, 60, interval_s=0.2, message="the first run to start")
+    wait_for(
+        lambda: store.get_run(first).status == RUNNING,
+        60,
+        interval_s=0.2,
+        message="the first run to start",
+    )
     assert store.get_run(sweep.run_ids[1]).status == QUEUED  # one run per device
 
     at.run()

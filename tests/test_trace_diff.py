@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.traces.accounting import CAST_OPS, PARTS
 from engine.analysis.cpu_evidence import cpu_verdict, parse_onednn_verbose
+from engine.traces.accounting import CAST_OPS, PARTS
 from engine.traces.explain import analyze, explain_diff
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from engine.traces.kernels import KERNEL_CATEGORIES
+from engine.traces.parser import TABLE_COLUMNS, load_kernel_table, trace_device, trace_metadata
 from engine.traces.verdict import (
     CAUSE_FP32_IN_AMP,
     CAUSE_FP32_NO_TF32,
@@ -28,7 +29,6 @@ from engine.traces.verdict import (
     kernel_groups,
     kernel_summary_rows,
 )
-from engine.traces.parser import TABLE_COLUMNS, load_kernel_table, trace_device, trace_metadata
 
 TRACES = Path(__file__).parent / "data" / "traces"
 TRACE_FILES = sorted(p.name for p in TRACES.glob("*.json.gz"))

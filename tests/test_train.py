@@ -55,7 +55,10 @@ def test_loss_falls_within_30_steps(model, precision):
     assert [row["step"] for row in rows] == list(range(1, 31))
     assert all(math.isfinite(row["loss"]) for row in rows)
     assert result.first_loss == rows[0]["loss"] and result.final_loss == rows[-1]["loss"]
-    assert result.final_loss < LOSS_RATIO_MAX * result.first_loss, (result.first_loss, result.final_loss)
+    assert result.final_loss < LOSS_RATIO_MAX * result.first_loss, (
+        result.first_loss,
+        result.final_loss,
+    )
     assert result.samples_per_s and result.samples_per_s > 0
     assert result.peak_mem_bytes and result.peak_mem_bytes > 0
     assert result.param_count > 0
@@ -183,8 +186,11 @@ def test_profile_window_writes_a_gzipped_chrome_trace(tmp_path):
     cfg = RunConfig(model="mlp", batch_size=8, steps=10, warmup_steps=2, profile=True,
                     profile_steps=2, device="cpu")
     windows = []
-    result, rows = run_train(cfg, run_dir=tmp_path,
-                             on_window=lambda window, dtype: windows.append((window.trace_path, dtype)))
+    result, rows = run_train(
+        cfg,
+        run_dir=tmp_path,
+        on_window=lambda window, dtype: windows.append((window.trace_path, dtype)),
+    )
     trace_path = tmp_path / TRACE_FILENAME
     assert result.trace_path == str(trace_path)
     assert windows == [(trace_path, "fp32")]  # called once, after the window closed

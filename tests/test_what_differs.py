@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.traces.explain import config_differences, explain_diff
 from engine.analysis.runs import progress_text, run_row
 from engine.config import RunConfig
+from engine.traces.explain import config_differences, explain_diff
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 V100_RESNET = TRACES / "v100_resnet50_kineto_v1.json.gz"
@@ -21,7 +21,10 @@ def test_two_different_models_on_two_gpus_are_named_so_before_the_ratio():
     assert diff["differs"][1] == "precision (fp32 vs bf16)"
     assert diff["differs"][2].startswith("the work (their time overlaps 3 % by what launched")
     first = diff["caveats"][0]
-    assert first["severity"] == "warning" and "compares two workloads, not two precisions" in first["text"]
+    assert (
+        first["severity"] == "warning"
+        and "compares two workloads, not two precisions" in first["text"]
+    )
 
 
 def test_the_same_model_at_another_precision_is_the_same_work(tmp_path):

@@ -4,17 +4,17 @@ from the trace's own time accounting."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-import contextlib
 from pathlib import Path
 
 import pytest
 
-from engine.traces.explain import analyze
 from engine.analysis.whatif import ASSUMPTION, project_step, projection
 from engine.config import RunConfig
 from engine.hardware.gpus import DATASHEET_TFLOPS
+from engine.traces.explain import analyze
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 H100_BERT = TRACES / "h100_bert_small_tracelens.json.gz"

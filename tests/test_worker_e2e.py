@@ -34,7 +34,9 @@ def short(steps: int, **changes) -> RunConfig:
 
 
 def log_of(store, run_id):
-    return lambda: f"run {run_id}: {store.get_run(run_id)}\nworker.log:\n{read_log_tail(run_id, store, 3000)}"
+    return lambda: (
+        f"run {run_id}: {store.get_run(run_id)}\nworker.log:\n{read_log_tail(run_id, store, 3000)}"
+    )
 
 
 def wait_final(store, run_id, wait_for, timeout_s=120):
@@ -53,7 +55,9 @@ def wait_rows(store, run_id, wait_for, at_least=1, timeout_s=START_TIMEOUT_S):
 
 
 @pytest.mark.timeout(180)
-def test_metrics_are_flushed_progressively_then_stop_ends_it_within_5s(store, wait_for, group_alive):
+def test_metrics_are_flushed_progressively_then_stop_ends_it_within_5s(
+    store, wait_for, group_alive
+):
     launched_at = time.monotonic()
     run_id = launch(LONG, store)
     run = store.get_run(run_id)
@@ -75,7 +79,9 @@ def test_metrics_are_flushed_progressively_then_stop_ends_it_within_5s(store, wa
     assert counts == sorted(counts) and len(set(counts)) >= 4, changes
     gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
     assert statistics.median(gaps) <= 1.0, gaps  # FLUSH_INTERVAL_S = 0.5
-    assert max(b[1] - a[1] for a, b in zip(changes, changes[1:])) > 1, "one transaction per flush, not per row"
+    assert max(b[1] - a[1] for a, b in zip(changes, changes[1:])) > 1, (
+        "one transaction per flush, not per row"
+    )
     frame = store.read_metrics(run_id, max_points=None)
     assert list(frame["step"]) == list(range(1, len(frame) + 1))
     assert store.get_run(run_id).steps_completed >= len(frame)

@@ -214,8 +214,12 @@ _INTERVALS_LOCK = threading.Lock()  # the Streamlit server runs sessions in thre
 
 def _bootstrap_interval(base: np.ndarray, mode: np.ndarray) -> tuple[float, float]:
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    base_medians = np.median(base[rng.integers(0, len(base), (UNPAIRED_RESAMPLES, len(base)))], axis=1)
-    mode_medians = np.median(mode[rng.integers(0, len(mode), (UNPAIRED_RESAMPLES, len(mode)))], axis=1)
+    base_medians = np.median(
+        base[rng.integers(0, len(base), (UNPAIRED_RESAMPLES, len(base)))], axis=1
+    )
+    mode_medians = np.median(
+        mode[rng.integers(0, len(mode), (UNPAIRED_RESAMPLES, len(mode)))], axis=1
+    )
     alpha = 100.0 * (1.0 - CONFIDENCE) / 2.0
     low, high = np.percentile(base_medians / mode_medians, [alpha, 100.0 - alpha])
     return float(low), float(high)

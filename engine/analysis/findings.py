@@ -13,6 +13,7 @@ import pandas as pd
 from engine.analysis.compare import LOSS_NOISE_FLOOR_PCT, config_diff
 from engine.analysis.numerics import numerics_findings
 from engine.analysis.steady import BASIS_NON_WARMUP
+from engine.config import Precision
 from engine.display import (
     loss_text,
     memory_text,
@@ -21,7 +22,6 @@ from engine.display import (
     step_time_text,
     throughput_text,
 )
-from engine.config import Precision
 from engine.schema import FINISHED
 from engine.store import RunRecord
 
@@ -80,8 +80,10 @@ def _comparability_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecor
     notes = []
     differing = [f for f in WORKLOAD_FIELDS if f in set(diff["field"])]
     if differing:
-        detail = ", ".join(f"{f} ({', '.join(dict.fromkeys(diff.loc[diff['field'] == f].iloc[0, 1:]))})"
-                           for f in differing)
+        detail = ", ".join(
+            f"{f} ({', '.join(dict.fromkeys(diff.loc[diff['field'] == f].iloc[0, 1:]))})"
+            for f in differing
+        )
         notes.append(f"Caution: the runs differ in {detail}, so throughput and memory "
                      "compare different work, not only precisions.")
     training = [f for f in TRAINING_FIELDS if f in set(diff["field"])]
@@ -133,7 +135,10 @@ def peak_words(summary: Mapping[str, Any]) -> str:
     return f"{source} peak for this precision" if source else "peak: not known"
 
 
-MFU_PEAK_NAMES = {"datasheet": "against the datasheet peak", "measured": "against the measured ceiling"}
+MFU_PEAK_NAMES = {
+    "datasheet": "against the datasheet peak",
+    "measured": "against the measured ceiling",
+}
 
 
 def both_mfu_words(summary: Mapping[str, Any]) -> str | None:

@@ -22,7 +22,9 @@ from engine.display import memory_text, memory_unit
 
 GATE_PASS, GATE_FAIL, GATE_INCONCLUSIVE = 0, 1, 3
 SPEED, MEMORY = "speedup", "memory"
-_REQUIREMENT = re.compile(r"^\s*(?P<mode>[^<>=]+?)\s*(?P<op>>=|<=)\s*(?P<bound>[0-9]*\.?[0-9]+)\s*$")
+_REQUIREMENT = re.compile(
+    r"^\s*(?P<mode>[^<>=]+?)\s*(?P<op>>=|<=)\s*(?P<bound>[0-9]*\.?[0-9]+)\s*$"
+)
 
 
 class RequirementError(ValueError):
@@ -83,7 +85,9 @@ def judge_requirement(req: Requirement, result: dict[str, Any]) -> Judgement:
         return Judgement(req.text, req.kind, "inconclusive", str(left_out[req.mode]))
     row = (result.get("modes") or {}).get(req.mode) or {}
     if req.kind == MEMORY:
-        return _judge_memory(req, row, (result.get("modes") or {}).get(result.get("baseline")) or {})
+        return _judge_memory(
+            req, row, (result.get("modes") or {}).get(result.get("baseline")) or {}
+        )
     if (result.get("contention") or {}).get("busy"):
         return Judgement(req.text, req.kind, "inconclusive",
                          "the machine was busy during the check: no speedup is claimed")
@@ -108,8 +112,10 @@ def _judge_memory(req: Requirement, row: dict, base: dict) -> Judgement:
         return Judgement(req.text, req.kind, "inconclusive", "peak memory was not measured")
     ratio = mine / theirs
     unit = memory_unit([mine, theirs])  # both in one unit, as a table column would be
-    figures = (f"peak memory {ratio:.3f}x the baseline's ({memory_text(mine, unit, with_unit=False)}"
-               f" vs {memory_text(theirs, unit)})")
+    figures = (
+        f"peak memory {ratio:.3f}x the baseline's ({memory_text(mine, unit, with_unit=False)}"
+        f" vs {memory_text(theirs, unit)})"
+    )
     ok = ratio >= req.bound if req.op == ">=" else ratio <= req.bound
     return Judgement(req.text, req.kind, "pass" if ok else "fail", figures)
 

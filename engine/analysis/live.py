@@ -7,7 +7,6 @@ before the first steady step, the latest three rows, so the tiles are never empt
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +94,9 @@ def busy_words(summary: dict[str, Any], frame: pd.DataFrame) -> str | None:
         return contention.get("words") if contention.get("busy") else None
     if "host_busy" not in frame or "phase" not in frame:
         return None
-    marks = pd.to_numeric(frame.loc[frame["phase"] == STEADY, "host_busy"], errors="coerce").dropna()
+    marks = pd.to_numeric(
+        frame.loc[frame["phase"] == STEADY, "host_busy"], errors="coerce"
+    ).dropna()
     if not len(marks) or marks.mean() < BUSY_SHARE:
         return None
     return (f"measured while the machine was busy (other work competed for it during "

@@ -118,13 +118,21 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     s, cfg = run.summary, run.config
     peak = s.get("peak_mem_bytes")
     return {
-        "run_id": run.id, "status": run.status,
+        "run_id": run.id,
+        "status": run.status,
         "model": cfg.model_label,
-        "precision": (f"speedup check: {', '.join(cfg.speedup_mode_list)}"
-                      if cfg.is_speedup_check else str(cfg.precision)),
-        "steps": progress_text(run), "tags": tags_text(run.tags),
-        "note": run.note, "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
-        "duration_s": _finite(run.duration_s), "batch_size": cfg.batch_size, "label": cfg.label,
+        "precision": (
+            f"speedup check: {', '.join(cfg.speedup_mode_list)}"
+            if cfg.is_speedup_check
+            else str(cfg.precision)
+        ),
+        "steps": progress_text(run),
+        "tags": tags_text(run.tags),
+        "note": run.note,
+        "created": dt.datetime.fromtimestamp(run.created_at).replace(microsecond=0),
+        "duration_s": _finite(run.duration_s),
+        "batch_size": cfg.batch_size,
+        "label": cfg.label,
         "throughput": _finite(s.get(throughput_column(cfg.model))),
         "unit": throughput_unit(cfg.model),
         "peak_mem_bytes": peak if isinstance(peak, (int, float)) and peak else None,
@@ -133,7 +141,8 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         # the same digits as Live, Compare, the report and the CLI (printf cannot switch them)
         "mfu": mfu_text(s.get("mfu")),
         "device": run.device_key,
-        "archived": run.archived, "reason": run.reason or "",
+        "archived": run.archived,
+        "reason": run.reason or "",
     }
 
 

@@ -115,14 +115,21 @@ def speedup_rows(result: dict[str, Any]) -> pd.DataFrame:
     for row in modes:
         _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
         is_base = row["mode"] == baseline
-        rows.append({
-            "mode": row["mode"],
-            "median step (ms)": step_time_text(row.get("median_step_ms"), with_unit=False),
-            "throughput (samples/s)": throughput_text(row.get("samples_per_s")),
-            "speedup": ratio_text(row.get("speedup")),
-            "95 % interval": "" if is_base else interval_text(row.get("ci_low"), row.get("ci_high")),
-            f"peak memory ({unit})": memory_text(row.get("peak_mem_bytes"), unit, with_unit=False),
-            "blocks": _count(row.get("blocks")),
-            "loss vs baseline": "" if is_base else drift_cell(row.get("drift"), "drift" in row),
-            "verdict": verdict})
+        rows.append(
+            {
+                "mode": row["mode"],
+                "median step (ms)": step_time_text(row.get("median_step_ms"), with_unit=False),
+                "throughput (samples/s)": throughput_text(row.get("samples_per_s")),
+                "speedup": ratio_text(row.get("speedup")),
+                "95 % interval": ""
+                if is_base
+                else interval_text(row.get("ci_low"), row.get("ci_high")),
+                f"peak memory ({unit})": memory_text(
+                    row.get("peak_mem_bytes"), unit, with_unit=False
+                ),
+                "blocks": _count(row.get("blocks")),
+                "loss vs baseline": "" if is_base else drift_cell(row.get("drift"), "drift" in row),
+                "verdict": verdict,
+            }
+        )
     return pd.DataFrame(rows)

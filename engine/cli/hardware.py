@@ -14,9 +14,9 @@ from typing import Any
 
 from engine.cli.errors import EXIT_OK, UsageError
 from engine.config import ConfigError
+from engine.diagnostics.doctor import doctor_report
 from engine.display import memory_text
 from engine.hardware.devices import resolve_device_key
-from engine.diagnostics.doctor import doctor_report
 
 VERDICT_MARKS = {"ok": "OK  ", "slow": "SLOW", "not supported": "--  ", "skipped": "skip"}
 
@@ -52,8 +52,11 @@ def _positive_seconds(text: str) -> float:
 
 
 def format_doctor(report: dict[str, Any]) -> str:
-    cuda = (f"CUDA {report['torch_cuda_build']}, GPU usable: {'yes' if report['torch_cuda'] else 'no'}"
-            if report["torch_cuda_build"] else "CPU-only build")
+    cuda = (
+        f"CUDA {report['torch_cuda_build']}, GPU usable: {'yes' if report['torch_cuda'] else 'no'}"
+        if report["torch_cuda_build"]
+        else "CPU-only build"
+    )
     support = report["torch_support"]
     lines = [f"torch {report['torch_version']} ({cuda}); supported: {support['supported']}"]
     lines += [f"  {word}: {support[word]}" for word in ("problem", "warning") if support[word]]
@@ -67,9 +70,13 @@ def format_doctor(report: dict[str, Any]) -> str:
     lines.append("")
     for dev in report["devices"]:
         memory = memory_text(dev.get("memory_bytes"))  # as the app's device card
-        lines.append(f"{dev['key']}: {dev['name']}  [{dev['kind']}, {dev['capability']}, "
-                     f"{memory}" + (f", driver {dev['driver_version']}" if dev.get("driver_version") else "")
-                     + (f", CUDA {dev['cuda_version']}" if dev.get("cuda_version") else "") + "]")
+        lines.append(
+            f"{dev['key']}: {dev['name']}  [{dev['kind']}, {dev['capability']}, "
+            f"{memory}"
+            + (f", driver {dev['driver_version']}" if dev.get("driver_version") else "")
+            + (f", CUDA {dev['cuda_version']}" if dev.get("cuda_version") else "")
+            + "]"
+        )
         for mode, support in dev["modes"].items():
             lines.append(f"  {mode:<10} {support['status']:<12} {support['reason']}")
         lines.append("")

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from engine.traces.kernels import classify_kernel
 from engine.cli.errors import EXIT_OK, EXIT_USAGE, path_problem, shown, typed
 from engine.display import ratio_text, share_text
+from engine.traces.kernels import classify_kernel
 
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
@@ -67,8 +67,8 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
     # late: only this command reads traces, so the CLI's start-up stays light
-    from engine.traces.explain import analyze, explain_diff, explain_runs
     from engine.analysis.whatif import run_projection  # late: as analyze, this command only
+    from engine.traces.explain import analyze, explain_diff, explain_runs
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     usage = _usage_problem(args)
@@ -117,10 +117,9 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
 def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
     # late: explain reads traces and the store SQLite; only `kernels` needs either
-    from engine.traces.explain import run_trace_path
-
     # late: opening the store only when an argument is not a file
     from engine.store import RunNotFound, Store
+    from engine.traces.explain import run_trace_path
 
     if Path(text).exists() or text.endswith((".json", ".gz")):
         return text, None, None  # a file (a missing one is named by the reader's error)

@@ -209,8 +209,10 @@ def _check_tracking_uri(uri: str) -> None:
                              "not writable; e.g. file:/tmp/mlruns")
     elif not uri.startswith(("http://", "https://", "databricks", "sqlite:", "postgresql:",
                              "mysql:")):
-        raise UsageError(f"--mlflow {shown(uri)}: expected a tracking URI such as file:/data/mlruns "
-                         "or http://host:5000")
+        raise UsageError(
+            f"--mlflow {shown(uri)}: expected a tracking URI such as file:/data/mlruns "
+            "or http://host:5000"
+        )
 
 
 def _checked_logdir(text: str) -> Path:
@@ -219,8 +221,10 @@ def _checked_logdir(text: str) -> Path:
     if path.exists() and not path.is_dir():
         raise UsageError(f"--tensorboard {shown(text)}: is a file; give a folder")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(f"--tensorboard {shown(text)}: folder {str(parent)!r} does not exist or is "
-                         "not writable; choose another folder")
+        raise UsageError(
+            f"--tensorboard {shown(text)}: folder {str(parent)!r} does not exist or is "
+            "not writable; choose another folder"
+        )
     return path
 
 
@@ -243,8 +247,10 @@ def _checked_output_path(text: str, flag: str = "--html") -> Path:
     if problem is not None and not path.is_dir():
         raise UsageError(f"{flag} {shown(text)}: {problem}; choose another path")
     if path.is_dir():
-        raise UsageError(f"{flag} {shown(text)}: is a directory; give a file name, e.g. "
-                         f"{os.path.join(text, 'report.html' if flag == '--html' else 'metrics.csv')}")
+        raise UsageError(
+            f"{flag} {shown(text)}: is a directory; give a file name, e.g. "
+            f"{os.path.join(text, 'report.html' if flag == '--html' else 'metrics.csv')}"
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"{flag} {shown(text)}: folder {str(parent)!r} does not exist; "

@@ -41,8 +41,6 @@ from engine.config import (
     choices,
     field_doc,
 )
-from engine.run.batch_search import find_max_batch
-from engine.run.launcher import launch, reconcile, stop
 from engine.display import (
     NA,
     loss_scale_text,
@@ -52,6 +50,8 @@ from engine.display import (
     step_time_text,
     throughput_text,
 )
+from engine.run.batch_search import find_max_batch
+from engine.run.launcher import launch, reconcile, stop
 from engine.schema import (
     FINAL_STATUSES,
     FINISHED,
@@ -78,7 +78,9 @@ def add_subparsers(sub) -> None:
     run_parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     run_parser.set_defaults(func=cmd_run)
 
-    launch_parser = sub.add_parser("launch", help="start a run in the background and return at once")
+    launch_parser = sub.add_parser(
+        "launch", help="start a run in the background and return at once"
+    )
     _add_config_options(launch_parser)
     launch_parser.add_argument("--from-run", metavar="RUN_ID", default=None,
                                help="start from this run's config (flags given override it)")

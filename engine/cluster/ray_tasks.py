@@ -227,8 +227,11 @@ def execute_run(run_id: str, config_json: str, writer, use_gpu: bool) -> dict[st
                                      outbox)
     except BaseException as exc:  # noqa: BLE001 - recorded; KeyboardInterrupt = ray.cancel
         outbox.log(traceback.format_exc())
-        status, reason = (STOPPED, "stopped by request (Ray task cancelled)") \
-            if isinstance(exc, KeyboardInterrupt) else (FAILED, f"{type(exc).__name__}: {exc}"[:2000])
+        status, reason = (
+            (STOPPED, "stopped by request (Ray task cancelled)")
+            if isinstance(exc, KeyboardInterrupt)
+            else (FAILED, f"{type(exc).__name__}: {exc}"[:2000])
+        )
     outbox.close()
     _call(writer.finish, run_id, status, reason)
     return {"run_id": run_id, "status": status, "reason": reason}

@@ -7,7 +7,8 @@ the Live, Runs and Compare pages show sweep runs like any other; `sweep_runs` li
 - local backend: each run is started with `engine.run.launcher.launch`; the store's FIFO,
   one-run-per-device queue runs them one after another.
 - ray backend: the runs are recorded as queued and one driver process
-  (`python -m engine.cluster.ray_driver SWEEP_ID`, see engine/cluster/ray_driver.py) submits them as Ray
+  (`python -m engine.cluster.ray_driver SWEEP_ID`, see engine/cluster/ray_driver.py) submits them
+  as Ray
   tasks and writes their results back into this store.
 
 Imports neither ray (only the driver process does) nor torch at module level: the CLI
@@ -27,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from engine.cluster.ray_env import RayOptions, ray_problem, validate_ray_address
-from engine.run.ray_runs import request_ray_stops, wait_ray_runs_ended
 from engine.config import (
     MAX_BATCH_SIZE,
     ConfigError,
@@ -41,6 +41,7 @@ from engine.display import GIB, interval_text, loss_text, memory_text, ratio_tex
 from engine.presets import check_all, launch_many
 from engine.proc import PROJECT_ROOT, process_create_time, reap_when_done
 from engine.run.launcher import reconcile, stop
+from engine.run.ray_runs import request_ray_stops, wait_ray_runs_ended
 from engine.schema import (
     DRIVER_LOG,
     FINISHED,
@@ -221,9 +222,20 @@ def start_driver(sweep_id: str, store: Store) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(driver_log_path(store, sweep_id), "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cluster.ray_driver", sweep_id],  # an argument list: no shell
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=str(PROJECT_ROOT), env=env, start_new_session=True, close_fds=True)
+            [
+                sys.executable,
+                "-m",
+                "engine.cluster.ray_driver",
+                sweep_id,
+            ],  # an argument list: no shell
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(PROJECT_ROOT),
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
     reap_when_done(proc, "ray-driver")
     created = process_create_time(proc.pid)
     store.set_sweep_driver(sweep_id, proc.pid, created)
@@ -472,7 +484,9 @@ def _cell_value(run: RunRecord | None, base: RunRecord | None, metric: str) -> f
     summary = run.summary
     if metric == "throughput_x":
         own = _finite(summary.get("samples_per_s"))
-        ref = _finite(base.summary.get("samples_per_s")) if base and base.status == FINISHED else None
+        ref = (
+            _finite(base.summary.get("samples_per_s")) if base and base.status == FINISHED else None
+        )
         return own / ref if own and ref else math.nan
     if metric == "peak_mem_gib":
         peak = _finite(summary.get("peak_mem_bytes"))

@@ -82,7 +82,9 @@ def dtype_support(dev: DeviceInfo, dtype: str) -> ModeSupport:
     if dtype == "fp8" and dev.kind == "cuda" and dev.torch_usable:
         cc = dev.compute_capability or (0, 0)
         if cc >= (8, 9):
-            return ModeSupport(NATIVE, f"fp8 (e4m3) matmul via torch._scaled_mm on sm{cc[0]}{cc[1]}")
+            return ModeSupport(
+                NATIVE, f"fp8 (e4m3) matmul via torch._scaled_mm on sm{cc[0]}{cc[1]}"
+            )
     return mode_support(dev, _MODE_FOR_DTYPE[dtype])
 
 
@@ -481,7 +483,9 @@ def _bandwidth_line(dev: DeviceInfo, budget: _Budget) -> dict[str, Any]:
     stage_s = budget.begin(stage, "memory copy bandwidth")
     if stage_s is None:
         budget.end(stage)
-        return _line("memory copy", None, "GB/s", SKIPPED, f"time budget of {budget.total_s:g} s spent")
+        return _line(
+            "memory copy", None, "GB/s", SKIPPED, f"time budget of {budget.total_s:g} s spent"
+        )
     try:
         gb_per_s, size_bytes = measure_copy_bandwidth(dev.key, stage_s)
     except Exception as exc:
@@ -544,8 +548,12 @@ class CheckFailed(RuntimeError):
     """The check's child process failed; the message carries its last stderr lines."""
 
 
-def run_check_subprocess(device_key: str, progress: ProgressFn | None = None,
-                         time_budget_s: float = 45, timeout_s: float | None = None) -> dict[str, Any]:
+def run_check_subprocess(
+    device_key: str,
+    progress: ProgressFn | None = None,
+    time_budget_s: float = 45,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
     """run_check in a child `python -m engine.diagnostics.check`, progress relayed from its stderr.
 
     For long-lived processes (the Streamlit server): the CUDA context, cuBLAS workspaces
@@ -616,9 +624,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "run_check", "run_check_subprocess", "CheckFailed", "matmul_verdict", "speed_words", "kernel_events", "summarize_kernels", "tensor_core_of",
-    "profile_kernels", "dtype_support", "no_gpu_reason", "measure_copy_bandwidth",
-    "OK", "SLOW", "NOT_SUPPORTED", "SKIPPED", "VERDICTS",
+    "run_check",
+    "run_check_subprocess",
+    "CheckFailed",
+    "matmul_verdict",
+    "speed_words",
+    "kernel_events",
+    "summarize_kernels",
+    "tensor_core_of",
+    "profile_kernels",
+    "dtype_support",
+    "no_gpu_reason",
+    "measure_copy_bandwidth",
+    "OK",
+    "SLOW",
+    "NOT_SUPPORTED",
+    "SKIPPED",
+    "VERDICTS",
 ]
 
 

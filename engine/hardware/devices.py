@@ -1,7 +1,8 @@
 """What devices this machine has, and what each precision mode means on each of them.
 
 Decisions come from evidence the machine gives (CPU ISA flags, CUDA compute
-capability), never from a product name (docs/precision-reference.md#hardware-matrix). GPU discovery goes through NVML first so a
+capability), never from a product name (docs/precision-reference.md#hardware-matrix). GPU discovery
+goes through NVML first so a
 long-lived process (the Streamlit server) does not create a CUDA context just to draw
 the sidebar; torch.cuda is the fallback.
 """

@@ -32,8 +32,8 @@ from typing import Any
 from engine.config import Precision
 from engine.hardware.contention import ContentionProbe, sample_causes, sample_is_busy
 from engine.hardware.cpu_units import NATIVE, cpu_matrix_unit, vector_isa
-from engine.hardware.dtypes import restore_tf32_flags, set_tf32, tf32_flags, torch_dtype
 from engine.hardware.devices import EMULATED, UNSUPPORTED, DeviceInfo, mode_support
+from engine.hardware.dtypes import restore_tf32_flags, set_tf32, tf32_flags, torch_dtype
 from engine.hardware.gpus import DATASHEET_TFLOPS, datasheet_row
 from engine.proc import make_private
 from engine.store import default_home

@@ -95,7 +95,9 @@ def gpu_fields_from_raw(raw: dict[str, Any]) -> dict[str, Any]:
         "sm_clock_max_mhz": _float_or_none(raw.get("sm_clock_max_mhz")),
         "gpu_other_procs": _int_or_none(raw.get("other_procs")),
         # "" = no reason reported; None = the query itself is unsupported here.
-        "throttle_reasons": ", ".join(decode_clock_event_reasons(mask)) if mask is not None else None,
+        "throttle_reasons": ", ".join(decode_clock_event_reasons(mask))
+        if mask is not None
+        else None,
     }
 
 
@@ -362,12 +364,15 @@ def _ecc_errors(nvml, handle) -> dict[str, int | None] | None:
         return None
     get = "nvmlDeviceGetTotalEccErrors"
     return {
-        "volatile_corrected": nvml_query(nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                                        nvml.NVML_VOLATILE_ECC),
-        "volatile_uncorrected": nvml_query(nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                          nvml.NVML_VOLATILE_ECC),
-        "aggregate_uncorrected": nvml_query(nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                           nvml.NVML_AGGREGATE_ECC),
+        "volatile_corrected": nvml_query(
+            nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
+        ),
+        "volatile_uncorrected": nvml_query(
+            nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+        ),
+        "aggregate_uncorrected": nvml_query(
+            nvml, get, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_AGGREGATE_ECC
+        ),
     }
 
 

@@ -13,9 +13,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import qualitative
 
+from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 from engine.analysis.steady import ema
 from engine.display import MEMORY_UNITS, memory_unit
-from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 
 X_STEP, X_WALL = "step", "wall_time_s"
 X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
@@ -196,7 +196,9 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
         verdict, _words = stored_verdict(row, result)
         claimed = verdict in CLAIMS
         color = _color(index) if claimed else "#999999"
-        label = f"{row['speedup']:.2f}x" + ("" if claimed else _UNCLAIMED_LABEL.get(verdict, " n.s."))
+        label = f"{row['speedup']:.2f}x" + (
+            "" if claimed else _UNCLAIMED_LABEL.get(verdict, " n.s.")
+        )
         error = ({"type": "data", "symmetric": False, "array": [high - row["speedup"]],
                   "arrayminus": [row["speedup"] - low], "thickness": 3, "width": 8,
                   "color": color} if low is not None and high is not None else None)

@@ -24,9 +24,8 @@ import plotly.graph_objects as go
 
 from engine.analysis.compare import config_diff, display_names, summary_table
 from engine.analysis.findings import both_mfu_words, findings, peak_words
-from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
-from engine.traces.explain import differs_words, explain_runs, only_in_rows, parts_rows
 from engine.analysis.speedup import method_words
+from engine.analysis.steady import chart_points_per_run, metrics_frames, steady_medians
 from engine.analysis.summary_text import COLUMNS, NOTE, TEXT_KEYS, speedup_rows, summary_strings
 from engine.display import NA, measured
 from engine.report.export import write_file_atomically
@@ -37,6 +36,7 @@ from engine.report.figures import (
     speedup_forest_figure,
 )
 from engine.store import RunRecord, Store
+from engine.traces.explain import differs_words, explain_runs, only_in_rows, parts_rows
 
 
 def export_html(store: Store, run_ids: Iterable[str], path: str | os.PathLike,
@@ -74,7 +74,8 @@ def build_html(store: Store, run_ids: Iterable[str], baseline_id: str | None = N
 def _speedup_html(check: RunRecord) -> str:
     """One paired speedup check: verdict of the machine, forest plot, per-mode table."""
     result = check.summary.get("speedup") or {}
-    head = f"<h3>{_e(check.config.label)} <span class=meta>({_e(check.id)}, {_e(check.status)})</span></h3>"
+    head = (f"<h3>{_e(check.config.label)} "
+            f"<span class=meta>({_e(check.id)}, {_e(check.status)})</span></h3>")
     if not result:
         return head + "<p>No round measured yet.</p>"
     contention = result.get("contention") or {}
@@ -91,7 +92,9 @@ def _speedup_html(check: RunRecord) -> str:
             + findings_html)
 
 
-def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str | None) -> list[str]:
+def _runs_sections(
+    store: Store, runs: Mapping[str, RunRecord], baseline_id: str | None
+) -> list[str]:
     run_ids = list(runs)
     if baseline_id not in run_ids:
         baseline_id = None
@@ -115,14 +118,16 @@ def _runs_sections(store: Store, runs: Mapping[str, RunRecord], baseline_id: str
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; padding: 0 1.5rem; max-width: 1200px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; padding: 0 1.5rem;
+       max-width: 1200px; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.baseline td { font-weight: 600; }
 .meta { color: #666; }
-.warn { color: #8a4b00; background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4rem 0.6rem; }
+.warn { color: #8a4b00; background: #fff4e0; border-left: 4px solid #e69500;
+        padding: 0.4rem 0.6rem; }
 pre { background: #f7f7f7; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; }
 .chart { margin-bottom: 1rem; }
 /* A table wider than the page (the summary has 17 columns) scrolls inside its own box
@@ -187,8 +192,10 @@ def _system() -> str:
 
 def _generated_line() -> str:
     versions = ", ".join(f"{pkg} {_version(pkg)}" for pkg in ("torch", "plotly", "pandas"))
-    return (f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {platform.node() or 'this host'} "
-            f"({_system()}; Python {platform.python_version()}; {versions}).")
+    return (
+        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {platform.node() or 'this host'} "
+        f"({_system()}; Python {platform.python_version()}; {versions})."
+    )
 
 
 def _version(package: str) -> str:
@@ -240,7 +247,11 @@ def _mfu_peaks_html(runs: Mapping[str, RunRecord], names: Mapping[str, str]) -> 
              + (f"<br>{_e(both)}" if (both := both_mfu_words(run.summary)) else "") + "</li>"
              for run_id, run in runs.items()
              if run.summary.get("mfu") is not None or run.summary.get("mfu_peaks")]
-    return f"<p class=meta>MFU is relative to:</p><ul class=meta>{''.join(items)}</ul>" if items else ""
+    return (
+        f"<p class=meta>MFU is relative to:</p><ul class=meta>{''.join(items)}</ul>"
+        if items
+        else ""
+    )
 
 
 def _summary_html(table: pd.DataFrame) -> str:

@@ -1,6 +1,7 @@
 """Find the largest batch size that fits: a bounded search of short training probes.
 
-The search runs in its own subprocess (`python -m engine.run.batch_search CONFIG_JSON DEVICE MAX_BATCH MAX_PROBES`) so an
+The search runs in its own subprocess (`python -m engine.run.batch_search CONFIG_JSON DEVICE
+MAX_BATCH MAX_PROBES`) so an
 OOM, or the memory cap of a CPU run, never touches the caller (the Streamlit server or
 the CLI). Inside it, each probe builds the model and optimizer afresh and runs two full
 steps (the optimizer state is allocated at the first one); OOM is caught and the

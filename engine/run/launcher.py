@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from engine.admission import check_runnable
-from engine.run.ray_runs import driver_gone_reason, is_ray_run, stop_ray_run
 from engine.config import RunConfig
 from engine.proc import (
     PROJECT_ROOT,
@@ -32,6 +31,7 @@ from engine.proc import (
 )
 from engine.run import standby
 from engine.run.ranks import live_rank_pids, signal_rank_processes
+from engine.run.ray_runs import driver_gone_reason, is_ray_run, stop_ray_run
 from engine.schema import ACTIVE_STATUSES, FAILED, QUEUED, RUN_ID_ENV, RUNNING, STOPPED, WORKER_LOG
 from engine.store import RunRecord, Store
 

@@ -40,6 +40,19 @@ class Store(ManageMixin, QueueMixin, SeriesMixin, SweepsMixin, StoreCore):
     """The data directory and its database; see the module docstring."""
 
 
-__all__ = ["ClaimLost", "DB_FILENAME", "DEFAULT_HOME", "HOME_ENV", "RunActive", "RunNotFound", "RunRecord", "Store",
-           "StoreError", "SweepNotFound", "SweepRecord", "default_home", "new_run_id",
-           "validate_run_id"]
+__all__ = [
+    "ClaimLost",
+    "DB_FILENAME",
+    "DEFAULT_HOME",
+    "HOME_ENV",
+    "RunActive",
+    "RunNotFound",
+    "RunRecord",
+    "Store",
+    "StoreError",
+    "SweepNotFound",
+    "SweepRecord",
+    "default_home",
+    "new_run_id",
+    "validate_run_id",
+]

@@ -160,7 +160,9 @@ class StoreCore:
             return  # no database yet: a new one is created
         if not empty:
             return
-        folders = [p for p in self.runs_dir.iterdir() if p.is_dir()] if self.runs_dir.is_dir() else []
+        folders = (
+            [p for p in self.runs_dir.iterdir() if p.is_dir()] if self.runs_dir.is_dir() else []
+        )
         if folders:
             raise StoreError(
                 f"{self.db_path}: the database file is empty (0 bytes) while runs/ holds "
@@ -270,7 +272,9 @@ class StoreCore:
             raise RunNotFound(run_id)
         return _record(row)
 
-    def list_runs(self, statuses: Iterable[str] | None = None, limit: int = 1000) -> list[RunRecord]:
+    def list_runs(
+        self, statuses: Iterable[str] | None = None, limit: int = 1000
+    ) -> list[RunRecord]:
         sql, params = "SELECT * FROM runs", []
         if statuses:
             statuses = list(statuses)
@@ -366,13 +370,27 @@ def _record(row: sqlite3.Row) -> RunRecord:
         # Show the run rather than hide it, and say why its config is not its own.
         config, config_error = RunConfig(), f"the stored config does not parse: {exc}"
     return RunRecord(
-        id=row["id"], status=row["status"], reason=row["reason"], config=config,
-        device_key=row["device_key"], device_name=row["device_name"],
-        created_at=row["created_at"], started_at=row["started_at"], ended_at=row["ended_at"],
-        pid=row["pid"], pid_create_time=row["pid_create_time"], train_pid=row["train_pid"],
-        steps_completed=row["steps_completed"], total_steps=row["total_steps"],
-        summary_json=row["summary_json"] or "{}", config_error=config_error,
-        train_pid_create_time=row["train_pid_create_time"], archived=bool(row["archived"]), tags=stored_tags(row["tags_json"]), note=row["note"] or "")
+        id=row["id"],
+        status=row["status"],
+        reason=row["reason"],
+        config=config,
+        device_key=row["device_key"],
+        device_name=row["device_name"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        pid=row["pid"],
+        pid_create_time=row["pid_create_time"],
+        train_pid=row["train_pid"],
+        steps_completed=row["steps_completed"],
+        total_steps=row["total_steps"],
+        summary_json=row["summary_json"] or "{}",
+        config_error=config_error,
+        train_pid_create_time=row["train_pid_create_time"],
+        archived=bool(row["archived"]),
+        tags=stored_tags(row["tags_json"]),
+        note=row["note"] or "",
+    )
 
 
 @functools.lru_cache(maxsize=4096)

@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS kernels (
 CREATE INDEX IF NOT EXISTS kernels_run ON kernels(run_id);
 """
 
-# == sweeps (engine/cluster/sweep.py, engine/cluster/ray_driver.py) =====================================
+# == sweeps (engine/cluster/sweep.py, engine/cluster/ray_driver.py) =====================
 # Separate tables, created with IF NOT EXISTS by every Store(): a database written before
 # sweeps existed gains them on its next open, and the runs table is untouched (a run
 # belongs to at most one sweep through sweep_runs).
@@ -152,7 +152,9 @@ RUN_ANNOTATION_COLUMNS = (
 
 
 def _add_run_annotations(conn: sqlite3.Connection) -> None:
-    _add_columns(conn, [("runs", name, declaration) for name, declaration in RUN_ANNOTATION_COLUMNS])
+    _add_columns(
+        conn, [("runs", name, declaration) for name, declaration in RUN_ANNOTATION_COLUMNS]
+    )
 
 
 # Series columns added after the first schema: (table, column, declaration). Older

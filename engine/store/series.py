@@ -44,8 +44,11 @@ class SeriesMixin:
                                     (run_id,)).fetchone()
                 if held is not None and held[0] is not None and held[0] != token:
                     raise ClaimLost(run_id)
-                conn.executemany(f"INSERT OR REPLACE INTO metrics (run_id, {','.join(METRIC_COLUMNS)})"
-                                 f" VALUES ({placeholders})", values)
+                conn.executemany(
+                    f"INSERT OR REPLACE INTO metrics (run_id, {','.join(METRIC_COLUMNS)})"
+                    f" VALUES ({placeholders})",
+                    values,
+                )
                 conn.execute("UPDATE runs SET steps_completed = MAX(steps_completed, ?)"
                              " WHERE id = ?", (last_step, run_id))
             except BaseException:

@@ -115,9 +115,11 @@ class SweepsMixin:
         now = time.time()
         with self.transaction(immediate=True) as conn:
             for run_id in run_ids:
-                conn.execute(f"UPDATE runs SET status = ?, reason = ?, ended_at = ?"
-                             f" WHERE id = ? AND status IN ({','.join('?' * len(ACTIVE_STATUSES))})",
-                             (FAILED, reason, now, run_id, *ACTIVE_STATUSES))
+                conn.execute(
+                    f"UPDATE runs SET status = ?, reason = ?, ended_at = ?"
+                    f" WHERE id = ? AND status IN ({','.join('?' * len(ACTIVE_STATUSES))})",
+                    (FAILED, reason, now, run_id, *ACTIVE_STATUSES),
+                )
             conn.execute("UPDATE sweeps SET status = ?, reason = COALESCE(reason, ?),"
                          " ended_at = COALESCE(ended_at, ?) WHERE id = ?",
                          (SWEEP_FAILED, reason, now, sweep_id))

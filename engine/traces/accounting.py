@@ -26,9 +26,9 @@ from collections import defaultdict
 from operator import itemgetter
 from typing import Any
 
+from engine.display import share_text
 from engine.traces.gpu_idle import stream_idle
 from engine.traces.parser import SPAN_PREFIXES, ParsedTrace, load_trace
-from engine.display import share_text
 
 PARTS = ("matrix", "attention", "elementwise", "normalisation", "copies", "communication",
          "optimizer", "other", "idle")
@@ -39,8 +39,10 @@ _KERNEL_PARTS = {"gemm": "matrix", "conv": "matrix", "attention": "attention",
 # Sweep priorities: 0 compute kernels, 1 communication kernels, 2 copy-engine events.
 _COMPUTE, _COMM, _COPY_ENGINE = 0, 1, 2
 _DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD)\b")
-_SYNC_CALLS = re.compile(r"(?:cuda|hip)(?:Device|Stream|Event)Synchronize|(?:cuda|hip)Memcpy(?!Async)"
-                         r"|(?:cuda|hip)StreamWaitEvent")
+_SYNC_CALLS = re.compile(
+    r"(?:cuda|hip)(?:Device|Stream|Event)Synchronize|(?:cuda|hip)Memcpy(?!Async)"
+    r"|(?:cuda|hip)StreamWaitEvent"
+)
 SHORT_KERNEL_US = 10.0  # shorter than this, launch overhead (~5 us) is comparable
 
 
@@ -617,7 +619,9 @@ def _matrix_ops(top: list, cpu_evidence: dict | None) -> list[dict]:
     by_kind: dict[str, set[str]] = defaultdict(set)
     for primitive in primitives:
         by_kind[str(primitive.get("kind"))].add(
-            f"{primitive.get('kind')} {primitive.get('src_dtype')} {primitive.get('implementation')}")
+            f"{primitive.get('kind')} {primitive.get('src_dtype')} "
+            f"{primitive.get('implementation')}"
+        )
     rows = []
     for (name, part), (us, n) in top:
         if part != "matrix" or not _CPU_MATRIX.search(name):

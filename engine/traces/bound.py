@@ -130,7 +130,9 @@ def _decide(kind: str, n: dict) -> str:
 
 
 def _sentence(verdict: str, kind: str, n: dict) -> str:
-    idle_what = "the GPU was idle" if kind == "gpu" else "time outside any CPU op (Python, framework)"
+    idle_what = (
+        "the GPU was idle" if kind == "gpu" else "time outside any CPU op (Python, framework)"
+    )
     step_ms = n["step_time_us"] / 1000.0
     if verdict == "input":
         idle = (f"; {idle_what} {_pct(n['idle_share'])} of the step meanwhile"

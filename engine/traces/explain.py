@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.display import ratio_text, share_text, step_time_text
+from engine.schema import RANK_TRACE_PATTERN, TRACE_FILENAME
 from engine.traces.accounting import (
     CAST_OPS,
     PARTS,
@@ -32,8 +34,6 @@ from engine.traces.verdict import (
     kernel_groups,
     short_kernel_name,
 )
-from engine.display import ratio_text, share_text, step_time_text
-from engine.schema import RANK_TRACE_PATTERN, TRACE_FILENAME
 
 UNCHANGED = 0.05  # a part within +-5 % of its A time is "unchanged"
 # the window's step ratio and the steady steps' ratio further apart than this: say so
@@ -427,9 +427,11 @@ def window_note(summary: dict) -> dict | None:
     text = f"From the {steps or 'few'} profiled step(s), {step_time_text(window_ms)} each"
     steady_ms = summary.get("step_time_ms")
     if steady_ms and abs(window_ms / steady_ms - 1.0) > WINDOW_DISAGREES:
-        return _caveat(f"{text}; the run's steady steps took {step_time_text(steady_ms)}: the verdict "
-                       "describes the profiled window, not the run (profile again on a quiet "
-                       "machine).")
+        return _caveat(
+            f"{text}; the run's steady steps took {step_time_text(steady_ms)}: the verdict "
+            "describes the profiled window, not the run (profile again on a quiet "
+            "machine)."
+        )
     return _caveat(f"{text}.", "note")
 
 

@@ -294,7 +294,9 @@ def _device_from_properties(properties: list[dict], kernels: list[_Kernel]) -> d
     arch = arch.split(":", 1)[0] if isinstance(arch, str) and arch else None
     if vendor == "amd":
         return {"name": name, "compute_capability": None, "vendor": vendor, "arch": arch}
-    major, minor = (chosen.get("computeMajor"), chosen.get("computeMinor")) if chosen else (None, None)
+    major, minor = (
+        (chosen.get("computeMajor"), chosen.get("computeMinor")) if chosen else (None, None)
+    )
     if not (isinstance(major, int) and isinstance(minor, int)) or isinstance(major, bool):
         major = minor = None  # crafted or missing
     capability = f"{major}.{minor}" if major is not None else None

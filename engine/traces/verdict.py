@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
-from engine.traces.kernels import KERNEL_CATEGORIES, LOW_PRECISION_DTYPES, MATRIX_CATEGORIES
-from engine.traces.kernel_table import KernelTable
-from engine.traces.parser import load_trace
 from engine.display import share_text
 from engine.hardware.gpus import compute_capability_from_name
+from engine.traces.kernel_table import KernelTable
+from engine.traces.kernels import KERNEL_CATEGORIES, LOW_PRECISION_DTYPES, MATRIX_CATEGORIES
+from engine.traces.parser import load_trace
 
 UNATTRIBUTED_OP = "(unattributed)"
 TOP_KERNELS = 20

@@ -1,6 +1,7 @@
 """Known architectures built from library code with random weights (never a download).
 
-torchvision and transformers are the optional extra `models` (pyproject; pinned for CI in requirements-models.txt), imported
+torchvision and transformers are the optional extra `models` (pyproject; pinned for CI in
+requirements-models.txt), imported
 only inside the builders: a run of the home-made models never loads them. Every model
 here returns one logits tensor, so the loop's loss, FLOP count and precision plan treat
 them like the home-made ones. The table of names, tasks and parameter counts is
@@ -80,7 +81,9 @@ def import_torchvision():
     except RuntimeError as exc:
         if "torchvision::nms" not in str(exc):
             raise
-        for module in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        for module in [
+            m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")
+        ]:
             del sys.modules[module]  # the half-imported package, so the retry starts clean
         _declare_torchvision_op_schemas()
         import torchvision  # the retry, now that the fake kernels have schemas to attach to

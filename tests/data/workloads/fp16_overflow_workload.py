@@ -2,6 +2,7 @@
 with a loss scale of 65536 the gradient below it overflows fp16's 65504."""
 import torch
 from torch import nn
+
 from engine.workloads import Workload
 
 

@@ -5,6 +5,7 @@ grad_scaler_init_scale=128 and grad_scaler_growth_interval=1: PyTorch's test exp
 scale to end at 128 * 2**3 * 0.5 = 512."""
 import torch
 from torch import nn
+
 from engine.workloads import Workload
 
 SKIP_STEP = 3  # PyTorch's skip_iter = 2, counted from 0; the run counts steps from 1
