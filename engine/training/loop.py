@@ -45,8 +45,8 @@ from engine.training.models import build_model, model_spec, parameter_count
 from engine.training.numerics import NumericsProbe, default_sample_steps
 from engine.training.onednn import capture_onednn_verbose
 from engine.training.precision import PrecisionPlan, cast_inputs, make_plan, prepare_model
-from engine.training.step_meter import StepMeter, memory_snapshot
 from engine.training.skip_ledger import SkipLedger
+from engine.training.step_meter import StepMeter, memory_snapshot
 from engine.training.workload import WorkloadError, is_dataset, load_workload, one_line
 from engine.workloads import workload_label
 
@@ -306,7 +306,12 @@ def measure_flops_per_step(trainer: Trainer) -> float | None:
 
 
 class ProfilerWindow:
-    """torch.profiler around the PROFILE steps; trace written gzip'd to the run dir."""
+    """torch.profiler around the PROFILE steps; trace written gzip'd to the run dir. On a
+    CPU the window's first step runs with oneDNN verbose on, fd 1 sent to its log.
+
+    A context manager: leaving it, however the loop ended (a step that raised inside the
+    window included), puts fd 1 back (the worker log, where the run's traceback is written
+    next) and stops a profiler still recording (its partial trace is not written)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path | None,
                  trace_name: str = TRACE_FILENAME, evidence: bool = True):
@@ -328,6 +333,32 @@ class ProfilerWindow:
         self.gpm: tuple[float | None, str] = (
             (None, "not available: still sampling") if device.type == "cuda" else
             (None, "not available: NVML GPM tensor counters exist on NVIDIA Hopper+ GPUs only"))
+
+    def __enter__(self) -> "ProfilerWindow":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(quiet=exc_type is not None)
+
+    def close(self, quiet: bool = False) -> None:
+        """End whatever of the window is still on: each part is ended even when another
+        fails. `quiet`: an exception is on its way out, and a failure here must not take
+        its place (it is the run's story)."""
+        errors: list[Exception] = []
+        for end in (self.close_verbose, self._stop_profiler):
+            try:
+                end()
+            except Exception as exc:  # noqa: BLE001 - the next part still has to end
+                errors.append(exc)
+        if self.gpm_thread is not None:
+            self.gpm_thread.join(timeout=5.0)
+        if errors and not quiet:
+            raise errors[0]
+
+    def _stop_profiler(self) -> None:
+        stack, self.stack, self.prof = self.stack, None, None
+        if stack is not None:
+            stack.close()
 
     def before_step(self, step: int, phase: str) -> None:
         if not (self.enabled and phase == PROFILE and self.prof is None
@@ -497,10 +528,35 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         # Registered after the FLOP count so step 1 is not sampled twice.
         probe = trainer.probe = NumericsProbe(default_sample_steps(cfg.steps)).register(
             trainer.module)
-    profiler = _profiler(cfg, device, run_dir, parallel, rank_trace_dir)
-    meter = StepMeter(trainer, flops_per_step, peak_flops)
-    status, reason, step = "finished", None, 0
+    meter = StepMeter(source=trainer.batches, scaler=trainer.plan.scaler, device=device,
+                      samples_per_step=trainer.samples_per_step,
+                      tokens_per_sample=trainer.tokens_per_sample,
+                      flops_per_step=flops_per_step, peak_flops=peak_flops,
+                      log_interval_steps=cfg.log_interval, total_steps=cfg.steps)
+    # Left on any path (an exception in a window step included): stdout back to the worker
+    # log, a profiler still recording stopped.
+    with _profiler(cfg, device, run_dir, parallel, rank_trace_dir) as profiler:
+        status, reason, step = _steps(trainer, meter, profiler, probe, emit, should_stop,
+                                      run_dir, on_window, parallel)
+    return TrainResult(
+        status=status, reason=reason, steps_completed=step, **meter.steady_figures(),
+        peak_mem_bytes=memory_snapshot(device)["mem_peak_bytes"],
+        flops_per_step=flops_per_step,
+        flops_method="measured with torch.utils.flop_counter (matmul/conv/attention FLOPs)"
+        if flops_per_step else None,
+        param_count=trainer.param_count,
+        trace_path=str(profiler.trace_path) if profiler.trace_path else None,
+        skip_ledger=trainer.ledger.summary() if trainer.ledger is not None else None,
+        extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
+               "input_pipeline": _pipeline_of(cfg)})
 
+
+def _steps(trainer: Trainer, meter: StepMeter, profiler: ProfilerWindow,
+           probe: NumericsProbe | None, emit, should_stop, run_dir, on_window,
+           parallel) -> tuple[str, str | None, int]:
+    """The steps of one run: (status, reason, the last step completed)."""
+    cfg = trainer.cfg
+    status, reason, step = "finished", None, 0
     for step in range(1, cfg.steps + 1):
         if parallel is None and should_stop():
             status, reason, step = "stopped", f"stopped by request at step {step - 1}", step - 1
@@ -510,7 +566,7 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         if sampled and phase == STEADY:
             phase = NUMERICS  # slower on purpose: kept out of steady-state averages
         profiler.before_step(step, phase)
-        is_log_step = step % cfg.log_interval == 0 or step == cfg.steps
+        is_log_step = meter.should_log(step)
         # The gradient norm reads every gradient once (ResNet-50: ~100 MB, ~8 ms a step on
         # a CPU core): logged every GRAD_NORM_EVERY steps and at the last, not every step;
         # a GradScaler run computes it every step anyway (a non-finite norm = a skip).
@@ -524,37 +580,23 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         # A phase change is a timing boundary too (one extra sync per phase, not per
         # step), so a steady interval never carries warm-up or profiler time.
         phase_ends = next_phase is not None and next_phase != phase
-        wrote_trace = stop_all = False
+        stop_all = False
         if is_log_step or profiler.prof is not None or phase_ends:
             # Sync point: timing needs the device to have finished the queued work.
             loss_value, stop_all = _synced_loss(loss, parallel, is_log_step or phase_ends,
                                                 should_stop)
-            reading = meter.close_interval(phase)
-            wrote_trace = profiler.after_step(step, next_phase)
-            if is_log_step:
-                emit([meter.metric_row(step, phase, loss_value, grad_norm, reading,
-                                       lr=lr_at(step, cfg))])
-                _check_finite(cfg, step, loss_value, meter.loss_scale)
-            meter.restart(at_s=reading.measured_at_s)
-        if wrote_trace and on_window is not None:
-            on_window(profiler, trainer.plan.compute_dtype_name)
-            meter.restart()  # export time is not a step
+            row = meter.log(step, phase, loss_value, grad_norm, lr=lr_at(step, cfg))
+            if profiler.after_step(step, next_phase):  # the trace was written now
+                if on_window is not None:
+                    on_window(profiler, trainer.plan.compute_dtype_name)
+                meter.restart()  # the export and its analysis are not a step
+            if row is not None:
+                emit([row])
+                _check_finite(cfg, step, loss_value, row["loss_scale"])
         if stop_all:
             status, reason = "stopped", f"stopped by request at step {step}"
             break
-
-    profiler.close_verbose()  # a run stopped inside the window: stdout back to the log
-    return TrainResult(
-        status=status, reason=reason, steps_completed=step, **meter.steady_figures(),
-        peak_mem_bytes=memory_snapshot(device)["mem_peak_bytes"],
-        flops_per_step=flops_per_step,
-        flops_method="measured with torch.utils.flop_counter (matmul/conv/attention FLOPs)"
-        if flops_per_step else None,
-        param_count=trainer.param_count,
-        trace_path=str(profiler.trace_path) if profiler.trace_path else None,
-        skip_ledger=trainer.ledger.summary() if trainer.ledger is not None else None,
-        extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
-               "input_pipeline": _pipeline_of(cfg)})
+    return status, reason, step
 
 
 def _synced_loss(loss: torch.Tensor, parallel, reduce: bool, should_stop) -> tuple[float, bool]:

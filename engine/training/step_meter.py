@@ -4,9 +4,15 @@ copy counters at its start), the steady-state totals the run's result is made of
 device-side count of skipped steps, the last loss scale, and the metric row a log step
 emits.
 
+The loop asks it once per step whether the step is logged (`should_log`) and, at a sync
+point, hands it the step's figures once (`log`): the interval is closed, a steady one added
+to the totals, the row made when the step is logged, and the next interval started.
+
 Timing is by interval, not by step: the loop syncs the device only at log boundaries and
 phase changes, and an interval's step time is its elapsed time over its step count. Only
 steady intervals enter the totals (warm-up and the profiler window are slower on purpose).
+The meter is given what it reads (the batch source, the GradScaler, the device, the sizes
+of a step), not the trainer: it depends on nothing of the loop.
 """
 
 from __future__ import annotations
@@ -14,15 +20,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from engine.schema import STEADY, plausible_mfu
 from engine.training.input_pipeline import BatchSource
-
-if TYPE_CHECKING:  # the type only: the loop imports the meter, not the other way round
-    from engine.training.loop import Trainer
 
 
 @dataclass
@@ -57,23 +60,49 @@ class IntervalReading:
 
 
 class StepMeter:
-    def __init__(self, trainer: Trainer, flops_per_step: float | None, peak_flops: float | None):
-        self.trainer = trainer
-        self.source = trainer.batches
-        self.scaler = trainer.plan.scaler
-        self.flops_per_step = flops_per_step
-        self.peak_flops = peak_flops
-        # Counted on the device: reading it every step would sync the host every step.
-        self._skipped = torch.zeros((), dtype=torch.int64, device=trainer.device)
-        self.loss_scale: float | None = None
-        self.first_loss: float | None = None
-        self.final_loss: float | None = None
-        self.steady_time_s = 0.0
+    """Interval timing, steady totals, the skipped-step count and the metric rows of one
+    run (or one rank of it)."""
+
+    # what it reads, fixed for the run
+    source: BatchSource            # its wait_s / copy_s counters time the input pipeline
+    scaler: torch.amp.GradScaler | None
+    device: torch.device
+    samples_per_step: int          # all ranks together
+    tokens_per_sample: int | None  # sequence models only
+    flops_per_step: float | None   # all ranks together; None: not counted
+    peak_flops: float | None       # FLOP/s of the device at this precision; None: no MFU
+    log_interval_steps: int
+    total_steps: int
+    # what it keeps
+    interval: Interval             # the steps since the last sync point
+    run_start_s: float             # perf_counter at the start: a row's wall_time_s
+    steady_time_s: float
+    steady_steps: int
+    steady_wait_s: float
+    steady_copy_s: float
+    loss_scale: float | None       # the GradScaler's scale at the last logged step
+    first_loss: float | None
+    final_loss: float | None
+    _skipped: torch.Tensor         # on the device: reading it every step would sync the host
+
+    def __init__(self, *, source: BatchSource, scaler: torch.amp.GradScaler | None,
+                 device: torch.device, samples_per_step: int, tokens_per_sample: int | None,
+                 flops_per_step: float | None, peak_flops: float | None,
+                 log_interval_steps: int, total_steps: int):
+        self.source, self.scaler, self.device = source, scaler, device
+        self.samples_per_step, self.tokens_per_sample = samples_per_step, tokens_per_sample
+        self.flops_per_step, self.peak_flops = flops_per_step, peak_flops
+        self.log_interval_steps, self.total_steps = log_interval_steps, total_steps
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.loss_scale = self.first_loss = self.final_loss = None
+        self.steady_time_s = self.steady_wait_s = self.steady_copy_s = 0.0
         self.steady_steps = 0
-        self.steady_wait_s = 0.0
-        self.steady_copy_s = 0.0
         self.run_start_s = time.perf_counter()
-        self.interval = Interval.starting(self.source)
+        self.interval = Interval.starting(source)
+
+    def should_log(self, step: int) -> bool:
+        """Whether `step` emits a metric row: every `log_interval_steps`, and the last."""
+        return step % self.log_interval_steps == 0 or step == self.total_steps
 
     def step_done(self, grad_norm: torch.Tensor | None) -> None:
         """After every step: one more step in the interval; a GradScaler run's non-finite
@@ -82,9 +111,30 @@ class StepMeter:
         if self.scaler is not None:
             self._skipped += (~torch.isfinite(grad_norm)).to(torch.int64)
 
-    def close_interval(self, phase: str) -> IntervalReading:
-        """The interval's per-step figures, taken now (the caller has synced the device);
-        a steady interval is added to the totals."""
+    def log(self, step: int, phase: str, loss_value: float, grad_norm: torch.Tensor | None,
+            lr: float) -> dict[str, Any] | None:
+        """At a sync point (the caller has synced the device and read the loss): close the
+        interval (a steady one joins the totals), start the next from this measurement
+        (logging and flushing count against throughput like any other cost of the
+        instrumented loop) and return the step's metric row when it is logged, else None."""
+        reading = self._close_interval(phase)
+        row = (self._metric_row(step, phase, loss_value, grad_norm, reading, lr)
+               if self.should_log(step) else None)
+        self.restart(at_s=reading.measured_at_s)
+        return row
+
+    def restart(self, at_s: float | None = None) -> None:
+        """A new interval. From `at_s` (a measurement), or from now: time that is not a
+        step (a trace export) is left out."""
+        self.interval = Interval.starting(self.source)
+        if at_s is not None:
+            self.interval.start_s = at_s
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(self._skipped.item()) if self.scaler is not None else 0
+
+    def _close_interval(self, phase: str) -> IntervalReading:
         measured_at_s = time.perf_counter()
         steps = self.interval.steps
         elapsed_s = measured_at_s - self.interval.start_s
@@ -97,36 +147,24 @@ class StepMeter:
         return IntervalReading(step_time_ms=elapsed_s * 1000.0 / steps, data_wait_ms=wait_ms,
                                h2d_copy_ms=copy_ms, measured_at_s=measured_at_s, steps=steps)
 
-    def restart(self, at_s: float | None = None) -> None:
-        """A new interval. From the last measurement (`at_s`): logging and flushing count
-        against throughput like any other cost of the instrumented loop; from now: time
-        that is not a step (a trace export) is left out."""
-        self.interval = Interval.starting(self.source)
-        if at_s is not None:
-            self.interval.start_s = at_s
-
-    @property
-    def skipped_steps(self) -> int:
-        return int(self._skipped.item()) if self.scaler is not None else 0
-
-    def metric_row(self, step: int, phase: str, loss_value: float,
-                   grad_norm: torch.Tensor | None, reading: IntervalReading,
-                   lr: float) -> dict[str, Any]:
+    def _metric_row(self, step: int, phase: str, loss_value: float,
+                    grad_norm: torch.Tensor | None, reading: IntervalReading,
+                    lr: float) -> dict[str, Any]:
         """The metrics row of a log step (reads the loss scale: one host sync)."""
-        trainer = self.trainer
         if self.scaler is not None:
             self.loss_scale = float(self.scaler.get_scale())
         self.first_loss = loss_value if self.first_loss is None else self.first_loss
         self.final_loss = loss_value
         step_time_ms = reading.step_time_ms
-        samples_per_s = trainer.samples_per_step * 1000.0 / step_time_ms if step_time_ms > 0 else None
+        samples_per_s = (self.samples_per_step * 1000.0 / step_time_ms if step_time_ms > 0
+                         else None)
         achieved_flops = (self.flops_per_step * 1000.0 / step_time_ms
                           if self.flops_per_step and step_time_ms > 0 else None)
         row = {
             "step": step, "wall_time_s": time.perf_counter() - self.run_start_s,
             "loss": loss_value, "lr": lr,
             "step_time_ms": step_time_ms, "samples_per_s": samples_per_s,
-            "tokens_per_s": _tokens_per_s(samples_per_s, trainer.tokens_per_sample),
+            "tokens_per_s": _tokens_per_s(samples_per_s, self.tokens_per_sample),
             "loss_scale": self.loss_scale, "skipped_steps": self.skipped_steps,
             "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
             "achieved_tflops": achieved_flops / 1e12 if achieved_flops else None,
@@ -135,16 +173,16 @@ class StepMeter:
             "host_busy": None,  # the session marks it from the contention sampler
             "data_wait_ms": reading.data_wait_ms, "h2d_copy_ms": reading.h2d_copy_ms,
         }
-        row.update(memory_snapshot(trainer.device))
+        row.update(memory_snapshot(self.device))
         return row
 
     def steady_figures(self) -> dict[str, Any]:
         """The run's result figures over its steady steps (TrainResult's fields)."""
         time_s, steps = self.steady_time_s, self.steady_steps
-        samples_per_s = steps * self.trainer.samples_per_step / time_s if time_s else None
+        samples_per_s = steps * self.samples_per_step / time_s if time_s else None
         return {
             "samples_per_s": samples_per_s,
-            "tokens_per_s": _tokens_per_s(samples_per_s, self.trainer.tokens_per_sample),
+            "tokens_per_s": _tokens_per_s(samples_per_s, self.tokens_per_sample),
             "step_time_ms": time_s * 1000.0 / steps if steps else None,
             "achieved_tflops": (self.flops_per_step * steps / time_s / 1e12
                                 if self.flops_per_step and time_s else None),
