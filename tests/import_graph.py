@@ -1,7 +1,9 @@
 """The engine's import graph, read from the source (no module is imported): every
 `import` and `from ... import` of an engine module, at module level or inside a function,
 resolved to the module it loads. `from engine.run import standby` is an edge to
-engine.run.standby; imports under `if TYPE_CHECKING:` are left out (they never run)."""
+engine.run.standby. Imports under `if TYPE_CHECKING:` never run: they are left out unless
+asked for (`type_only=True`), as the cycle check does: two modules that name each other's
+types are one module split in two, whether or not the import runs."""
 
 from __future__ import annotations
 
@@ -49,13 +51,15 @@ def _type_checking_nodes(tree: ast.AST) -> set[ast.AST]:
     return skipped
 
 
-def imports_of(path: Path, modules: dict[str, Path], root: Path = REPO_ROOT) -> list[Import]:
-    """The engine modules `path` imports (any nesting), each with its line and comment."""
+def imports_of(path: Path, modules: dict[str, Path], root: Path = REPO_ROOT,
+               type_only: bool = False) -> list[Import]:
+    """The engine modules `path` imports (any nesting), each with its line and comment;
+    `type_only`: those under `if TYPE_CHECKING:` too."""
     source = module_name(path, root)
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     tree = ast.parse(text, filename=str(path))
-    skipped = _type_checking_nodes(tree)
+    skipped = set() if type_only else _type_checking_nodes(tree)
     parents: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
@@ -98,11 +102,11 @@ def _comment_near(lines: list[str], lineno: int, end_lineno: int) -> str:
     return above[1:].strip() if above.startswith("#") else ""
 
 
-def import_graph(root: Path = REPO_ROOT) -> dict[str, set[str]]:
+def import_graph(root: Path = REPO_ROOT, type_only: bool = False) -> dict[str, set[str]]:
     modules = engine_modules(root)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for imp in imports_of(path, modules, root):
+        for imp in imports_of(path, modules, root, type_only):
             graph[name].add(imp.target)
     return graph
 
