@@ -91,8 +91,10 @@ os.register_at_fork(before=_note_fork)
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """A test in the fast tier that starts a process (subprocess, multiprocessing, a fork)
-    fails, naming what it started: such a test belongs in the slow tier. A process start is
-    what makes a test take seconds here (interpreter start-up, torch import)."""
+    or a torch.distributed process group fails, naming what it started: such a test belongs
+    in the slow tier. A process start is what makes a test take seconds here (interpreter
+    start-up, torch import); a process group brings threads of its own, and ending one
+    (a gloo group's destructor joining them) has hung the whole session."""
     if request.node.get_closest_marker("fast") is None:
         yield
         return
@@ -104,13 +106,45 @@ def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
         return execute_child(popen, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", noted_execute_child)
+    group_before = _note_process_groups(monkeypatch)
     _FAST_TEST.update(nodeid=request.node.nodeid, started=[])
     try:
         yield
     finally:
+        if not group_before and _process_group_initialized():
+            _FAST_TEST["started"].append("a torch.distributed process group (still open)")
         started, _FAST_TEST["nodeid"] = list(_FAST_TEST["started"]), None
-    assert not started, (f"this test started {len(started)} process(es) ({started[0]}): "
-                         "mark it @pytest.mark.slow (the fast tier starts none)")
+    assert not started, (f"this test started {len(started)} process(es) or process group(s) "
+                         f"({started[0]}): mark it @pytest.mark.slow (the fast tier starts "
+                         "none)")
+
+
+def _note_process_groups(monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Note every torch.distributed process group made during the test (init_process_group
+    and new_group both make theirs in c10d's `_new_process_group_helper`). torch is not
+    imported for this: a test that loads it itself is caught at its end by a group still
+    initialized. Returns whether a group was initialized before the test."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return False
+    name = ("_new_process_group_helper" if hasattr(c10d, "_new_process_group_helper")
+            else "init_process_group")
+    make_group = getattr(c10d, name)
+
+    def noted_make_group(*args, **kwargs):
+        _FAST_TEST["started"].append(f"a torch.distributed process group ({name})")
+        return make_group(*args, **kwargs)
+
+    monkeypatch.setattr(c10d, name, noted_make_group)
+    if name == "init_process_group":  # `dist.init_process_group` is the package's name for it
+        monkeypatch.setattr(sys.modules["torch.distributed"], name, noted_make_group)
+    return _process_group_initialized()
+
+
+def _process_group_initialized() -> bool:
+    distributed = sys.modules.get("torch.distributed")
+    return bool(distributed is not None and distributed.is_available()
+                and distributed.is_initialized())
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Pieces that otherwise run only inside worker, rank, driver or Ray processes, tested here
 in this process against a real store (so the fast tier reaches every engine module): the
 supervisor's exit record, a rank that finds its run not running, the session's metric
-buffer and busy marker, the Live headline figures, a one-process gloo group with DDP,
-the Ray failure verdicts and store actor, and the exports' availability checks."""
+buffer and busy marker, the Live headline figures, a one-process gloo group with DDP
+(slow tier: a process group is never started in the fast one), the Ray failure verdicts and
+store actor, and the exports' availability checks."""
 
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # a real process group: its threads and its end are no fast-tier matter
 def test_a_one_process_gloo_group_wraps_in_ddp_and_reduces_the_log_values(monkeypatch):
     import torch
     import torch.distributed as dist
