@@ -387,3 +387,26 @@ def test_engine_kernels_imports_no_pandas_numpy_or_torch(tmp_path):
                             cwd=str(REPO_ROOT), env=cli_env(tmp_path), capture_output=True,
                             text=True, timeout=60)
     assert result.stdout.split() == ["0", "[]"], result.stdout + result.stderr
+
+
+def test_collective_skew_names_the_rank_that_starts_its_collectives_late(tmp_path):
+    """Four copies of one real rank's trace, one shifted 2 ms later: every collective's
+    start is spread by exactly 2 ms and that rank arrives last every time."""
+    shift_us = 2000.0
+    source = _events(RANK_SET / "rank-0.json.gz")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in range(4):
+        data = _slowed(source, rank, 1.0)
+        if rank == 3:
+            data["traceEvents"] = [{**e, "ts": e["ts"] + shift_us}
+                                   if isinstance(e.get("ts"), (int, float)) else e
+                                   for e in data["traceEvents"]]
+        _write(folder / f"rank-{rank}.json.gz", data)
+    result = analyze_set(set_members([folder]))
+    skew = result["collective_skew"]
+    assert skew["collectives"] == result["collectives_matched"] > 0
+    assert skew["median_us"] == pytest.approx(shift_us)
+    assert skew["max_us"] == pytest.approx(shift_us)
+    assert skew["most_often_last"] == {"rank": 3, "count": skew["collectives"]}
+    assert all(entry["last_rank"] == 3 for entry in skew["worst"])

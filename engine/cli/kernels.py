@@ -232,6 +232,16 @@ def format_trace_set(result: dict) -> str:
               "collective (waiting for the other ranks)"]
     if result.get("collectives_note"):
         lines.append(result["collectives_note"])
+    skew = result.get("collective_skew")
+    if skew:
+        most = skew["most_often_last"]
+        lines += ["", f"Collective start skew across ranks ({skew['collectives']} matched): "
+                      f"median {_ms(skew['median_us'])} ms, max {_ms(skew['max_us'])} ms; rank "
+                      f"{most['rank']} arrived last {most['count']} time(s) (the traces' own "
+                      "clocks: ranks on several hosts need them in step)"]
+        for entry in skew["worst"][:5]:
+            lines.append(f"  #{entry['index']:<5} skew {_ms(entry['skew_us']):>10} ms  last rank "
+                         f"{entry['last_rank']:<5} {_clip(entry['name'], 70)}")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,8 @@ alone (engine.traces.accounting); across ranks this module adds:
   ranks' sequences stop agreeing the matching stops, and the result says how many were
   matched (collectives of one name throughout, as DDP's buckets, are matched by order
   alone: a window that starts one collective late on one rank is not detected).
+- the start skew of each matched collective: the latest rank's start minus the earliest's,
+  the rank that came last, their median and largest, and how often each rank was last;
 - every time in a rank's row is per step (the window over its step count).
 """
 
@@ -168,10 +170,12 @@ def _load(source: Any) -> ParsedTrace:
 # ---------------------------------------------------------------------------------------
 # one rank
 
-def _communication_kernels(trace: ParsedTrace, window: dict) -> list[tuple[str, float]]:
-    """(name, dur_us) of the communication kernels that start in the window, in order."""
+def _communication_kernels(trace: ParsedTrace, window: dict
+                           ) -> list[tuple[str, float, float]]:
+    """(name, dur_us, start_us) of the communication kernels that start in the window, in
+    order."""
     table, lo, hi = trace.table, window["start_us"], window["end_us"]
-    return [(name, dur) for name, start, dur, category in zip(
+    return [(name, dur, start) for name, start, dur, category in zip(
         table["name"].tolist(), table["ts_us"].tolist(), table["dur_us"].tolist(),
         table["category"].tolist()) if category == "communication" and lo <= start < hi]
 
@@ -263,6 +267,7 @@ def _waiting(rows: list[dict]) -> dict:
                 "of rank " + ", ".join(str(r) for r in missing[:8])}
     matched = 0
     waits = [0.0] * len(rows)
+    skews: list[tuple[float, int, str]] = []  # (start skew, last rank's index, name)
     for index in range(min(len(seq) for seq in sequences)):
         names = {seq[index][0] for seq in sequences}
         if len(names) > 1:
@@ -271,6 +276,9 @@ def _waiting(rows: list[dict]) -> dict:
         shortest = min(durations)
         for rank_index, duration in enumerate(durations):
             waits[rank_index] += duration - shortest
+        starts = [seq[index][2] for seq in sequences]
+        last = max(range(len(starts)), key=starts.__getitem__)
+        skews.append((starts[last] - min(starts), last, sequences[0][index][0]))
         matched += 1
     counts = sorted({len(seq) for seq in sequences})
     for row, wait in zip(rows, waits):
@@ -284,7 +292,32 @@ def _waiting(rows: list[dict]) -> dict:
                   "kernels stop agreeing in order and name there" if matched < min(counts)
                   else f"{matched} collectives matched: the ranks recorded {counts[0]}-"
                   f"{counts[-1]} communication kernels")
-    return {"matched": matched, "reason": reason}
+    return {"matched": matched, "reason": reason, "skew": _skew_summary(skews, rows)}
+
+
+def _skew_summary(skews: list[tuple[float, int, str]], rows: list[dict]) -> dict | None:
+    """Per matched collective, how far its start was spread across the ranks (latest minus
+    earliest start: the time the first rank waited before the last arrived) and which rank
+    came last; summed up as the median and largest skew, each rank's last arrivals, and the
+    most skewed collectives. Starts are compared on the traces' own clocks: ranks on
+    different hosts need their clocks in step (NTP/PTP) for the skew to mean waiting."""
+    if not skews:
+        return None
+    last_counts: dict[Any, int] = {}
+    for _skew, last, _name in skews:
+        rank = rows[last]["rank"]
+        last_counts[rank] = last_counts.get(rank, 0) + 1
+    worst = sorted(skews, key=lambda item: -item[0])[:10]
+    most_last = max(last_counts, key=last_counts.get)
+    return {
+        "collectives": len(skews),
+        "median_us": round(statistics.median(s[0] for s in skews), 3),
+        "max_us": round(worst[0][0], 3),
+        "last_arrivals": last_counts,
+        "most_often_last": {"rank": most_last, "count": last_counts[most_last]},
+        "worst": [{"index": skews.index(item), "name": item[2], "skew_us": round(item[0], 3),
+                   "last_rank": rows[item[1]]["rank"]} for item in worst],
+    }
 
 
 def _slowest(rows: list[dict]) -> dict | None:
@@ -362,7 +395,8 @@ def analyze_set(members: list[tuple[str, Any]]) -> dict:
     waiting = _waiting(rows)
     result = {"kind": "trace_set", "rank_count": len(rows), "ranks": rows,
               "rank_from": rows[0]["rank_from"], "collectives_matched": waiting["matched"],
-              "collectives_note": waiting["reason"], "slowest": _slowest(rows),
+              "collectives_note": waiting["reason"], "collective_skew": waiting.get("skew"),
+              "slowest": _slowest(rows),
               "waited_for": _waited_for(rows)}
     result["sentence"] = set_sentence(result)
     return result
