@@ -585,6 +585,19 @@ def trace_set_report(result: dict) -> None:
         hide_index=True, key="rank_files", placeholder=NA))
     if result.get("collectives_note"):
         st.caption(plain(result["collectives_note"]))
+    skew = result.get("collective_skew")
+    if skew:  # collective names come from the traces: plain text
+        most = skew["most_often_last"]
+        st.caption(plain(
+            f"Collective start skew across ranks ({skew['collectives']} matched): median "
+            f"{_ms(skew['median_us'])} ms, max {_ms(skew['max_us'])} ms; rank {most['rank']} "
+            f"arrived last {most['count']} time(s). Starts are on the traces' own clocks: "
+            "ranks on several hosts need them in step."))
+        details("The most skewed collectives", "kernels_collective_skew", lambda: table(
+            pd.DataFrame([{"collective #": e["index"], "skew (ms)": e["skew_us"] / 1000,
+                           "last rank": e["last_rank"], "kernel": short_kernel_name(e["name"])}
+                          for e in skew["worst"]]),
+            hide_index=True, key="collective_skew", placeholder=NA))
     figure = go.Figure(go.Bar(
         x=[f"rank {row['rank']}" for row in result["ranks"]],
         y=[(row["step_time_us"] or 0) / 1000 for row in result["ranks"]],
