@@ -114,7 +114,8 @@ def table(data, **kwargs) -> None:
     config = {column: st.column_config.Column(header_words(str(column)))
               for column in getattr(data, "columns", []) if "_" in str(column)}
     config.update(kwargs.pop("column_config", None) or {})
-    st.dataframe(data, column_config=config, **kwargs)
+    st.dataframe(data, column_config=config, placeholder=kwargs.pop("placeholder", NA),
+                 **kwargs)
 
 
 _SHOW = {"success": st.success, "warning": st.warning, "error": st.error, "info": st.info}
@@ -598,6 +599,15 @@ def trace_set_report(result: dict) -> None:
                            "last rank": e["last_rank"], "kernel": short_kernel_name(e["name"])}
                           for e in skew["worst"]]),
             hide_index=True, key="collective_skew", placeholder=NA))
+    if result.get("collective_bandwidth"):
+        st.caption("Bus bandwidth per collective (nccl-tests' definition, the time of the "
+                   "rank that waited least):")
+        table(pd.DataFrame([{"collective": row["collective"], "count": row["count"],
+                             "median MB": row["median_bytes"] / 1e6,
+                             "median bus GB/s": row["median_bus_gb_per_s"],
+                             "max bus GB/s": row["max_bus_gb_per_s"]}
+                            for row in result["collective_bandwidth"]]),
+              hide_index=True, key="collective_bandwidth")
     figure = go.Figure(go.Bar(
         x=[f"rank {row['rank']}" for row in result["ranks"]],
         y=[(row["step_time_us"] or 0) / 1000 for row in result["ranks"]],

@@ -410,3 +410,23 @@ def test_collective_skew_names_the_rank_that_starts_its_collectives_late(tmp_pat
     assert skew["max_us"] == pytest.approx(shift_us)
     assert skew["most_often_last"] == {"rank": 3, "count": skew["collectives"]}
     assert all(entry["last_rank"] == 3 for entry in skew["worst"])
+
+
+def test_bus_bandwidth_follows_nccl_tests_from_the_collectives_message_sizes(tmp_path):
+    """Two ranks of the real A100 NCCL trace (its kernels carry Kineto's collective args):
+    an fp32 all-reduce of N elements over 2 ranks moves 4N bytes, bus bandwidth = 4N / t x
+    2(n-1)/n, t the shortest rank's kernel time (nccl-tests' PERFORMANCE.md)."""
+    source = json.load(gzip.open(TRACES / "a100_conv_nccl_hta.json.gz"))
+    for rank in (0, 1):
+        data = {**source, "distributedInfo": {**source.get("distributedInfo", {}),
+                                              "rank": rank, "world_size": 2}}
+        _write(tmp_path / f"rank-{rank}.json.gz", data)
+    result = analyze_set(set_members([tmp_path]))
+    kernels = [e for e in source["traceEvents"] if e.get("cat") == "kernel"
+               and (e.get("args") or {}).get("Collective name") == "allreduce"]
+    expected = sorted(4 * e["args"]["In msg nelems"] / (e["dur"] * 1e-6) * 2 * (2 - 1) / 2 / 1e9
+                      for e in kernels)
+    (row,) = [r for r in result["collective_bandwidth"] if r["collective"] == "allreduce"]
+    assert row["count"] <= len(kernels) and row["count"] > 0
+    assert expected[0] <= row["median_bus_gb_per_s"] <= expected[-1]
+    assert row["max_bus_gb_per_s"] == pytest.approx(expected[-1], rel=1e-3)

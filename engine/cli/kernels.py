@@ -242,6 +242,15 @@ def format_trace_set(result: dict) -> str:
         for entry in skew["worst"][:5]:
             lines.append(f"  #{entry['index']:<5} skew {_ms(entry['skew_us']):>10} ms  last rank "
                          f"{entry['last_rank']:<5} {_clip(entry['name'], 70)}")
+    if result.get("collective_bandwidth"):
+        lines += ["", "Bus bandwidth per collective (nccl-tests' definition; the time of the "
+                      "rank that waited least)",
+                  f"{'collective':<34}{'count':>7}{'median MB':>11}{'median GB/s':>13}"
+                  f"{'max GB/s':>10}"]
+        for row in result["collective_bandwidth"]:
+            lines.append(f"{_clip(row['collective'], 33):<34}{row['count']:>7}"
+                         f"{row['median_bytes'] / 1e6:>11,.2f}"
+                         f"{row['median_bus_gb_per_s']:>13,.1f}{row['max_bus_gb_per_s']:>10,.1f}")
     return "\n".join(lines) + "\n"
 
 

@@ -60,6 +60,25 @@ class _ShapedOp(tuple):
     trace's text."""
 
 
+class _CommKernel(tuple):
+    """A collective's kernel with what NCCL/RCCL tell of it (Kineto copies them from
+    record_param_comms): its _Kernel, then (collective, in_nelems, out_nelems, group_size,
+    dtype); the message sizes give bus bandwidth (engine.traces.sets)."""
+
+
+COLLECTIVE_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype")
+
+
+def collective_fields(values: list) -> tuple | None:
+    """(collective, in_nelems, out_nelems, group_size, dtype) when they have the shapes
+    Kineto writes; None otherwise."""
+    name, in_n, out_n, group, dtype = values
+    if not isinstance(name, str) or not all(
+            type(v) is int and 0 <= v < 1 << 48 for v in (in_n, out_n, group)):
+        return None
+    return name[:60], in_n, out_n, group, dtype[:20] if isinstance(dtype, str) else None
+
+
 class _Range(tuple):
     """(name, ts_us, dur_us, counters) of a CUPTI range-profiler event: one kernel replayed
     under the counters, `counters` the RANGE_COUNTERS values in order (None: not recorded).
@@ -264,4 +283,8 @@ def compact_dict(obj: dict) -> Any:
     if type(kept) is _CpuOp and kept[0] in SHAPED_OPS:
         return _shaped(kept, args.get("Input Dims"), args.get("Input type"),
                        args.get("Concrete Inputs"))
+    if type(kept) is _Kernel and "Collective name" in args:
+        fields = collective_fields([args.get(key) for key in COLLECTIVE_ARGS])
+        if fields is not None:
+            return _CommKernel(kept + fields)
     return kept

@@ -335,6 +335,8 @@ class ParsedTrace:
     launches: list = field(default_factory=list)    # _Launch
     shaped_ops: list = field(default_factory=list)  # _ShapedOp: matrix ops with shapes
     ranges: list = field(default_factory=list)      # _Range: CUPTI range-profiler kernels
+    # correlation -> (collective, in_nelems, out_nelems, group_size, dtype): NCCL kernels
+    collectives: dict = field(default_factory=dict)
     other_devices: dict = field(default_factory=dict)  # {category: events}: MTIA, XPU, ...
     defects: dict = field(default_factory=dict)     # {"negative_duration": n, ...}
     # the job's rank and world size when the trace says them (Kineto's distributedInfo)
@@ -373,6 +375,7 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
     distributed = members.get("distributedInfo")
     kernels, all_launches, ops, copies = kept.kernels, kept.launches, kept.cpu_ops, kept.copies
     shaped_ops, ranges, other_devices = kept.shaped_ops, kept.ranges, kept.other_devices
+    collectives = kept.collectives
     launches = {event[0]: event for event in all_launches if event[0] is not None}
     # old schema: ProfilerStep and the other spans are CPU ops
     spans = kept.spans + [_Span(op[:5]) for op in ops if op[0].startswith(SPAN_PREFIXES)]
@@ -393,7 +396,8 @@ def _load_trace(path_or_fileobj: str | os.PathLike | IO[bytes]) -> ParsedTrace:
                        + defects["missing_duration"])
     return ParsedTrace(source=source, table=table, copies=copies, spans=spans, cpu_ops=ops,
                        launches=all_launches, shaped_ops=shaped_ops, ranges=ranges,
-                       other_devices=other_devices, defects=defects,
+                       other_devices=other_devices, collectives=collectives,
+                       defects=defects,
                        distributed=_distributed(distributed))
 
 

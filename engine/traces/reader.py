@@ -47,6 +47,7 @@ from engine.traces.events import (
     RANGE_EVENT_CATEGORY,
     SPAN_PREFIXES,
     _BadDuration,
+    _CommKernel,
     _Copy,
     _CpuOp,
     _Foreign,
@@ -59,6 +60,7 @@ from engine.traces.events import (
     _ShapedOp,
     _Span,
     _stream,
+    collective_fields,
     compact_dict,
 )
 from engine.traces.op_flops import SHAPED_OPS
@@ -88,6 +90,12 @@ class _Args(msgspec.Struct, gc=False):
     dfma: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[6])
     dadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[7])
     dmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[8])
+    # a collective's kernel (Kineto copies record_param_comms' args): Raw, decoded only there
+    collective: msgspec.Raw | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: msgspec.Raw | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: msgspec.Raw | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: msgspec.Raw | None = msgspec.field(default=None, name="Group size")
+    dtype: msgspec.Raw | None = None
     # Raw: skipped inside the decoder, decoded only for the ops in SHAPED_OPS
     input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
     input_types: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
@@ -185,6 +193,12 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
                 else args.external_id_lower
             kernels(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
                             _stream(args.stream, tid), args.device)))
+            if args.collective is not None and args.correlation is not None:
+                fields = collective_fields([_raw_value(raw) for raw in (
+                    args.collective, args.in_nelems, args.out_nelems, args.group_size,
+                    args.dtype)])
+                if fields is not None:
+                    kept.collectives[args.correlation] = fields
         elif category in CPU_OP_EVENT_CATEGORIES:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
@@ -471,6 +485,8 @@ class Kept:
     spans: list = field(default_factory=list)      # _Span
     shaped_ops: list = field(default_factory=list)  # _ShapedOp (their _CpuOp is in cpu_ops)
     ranges: list = field(default_factory=list)      # _Range (CUPTI range profiler)
+    # correlation -> (collective, in_nelems, out_nelems, group_size, dtype) of NCCL kernels
+    collectives: dict = field(default_factory=dict)
     other_devices: dict = field(default_factory=dict)  # {category: events} of other devices
     defects: dict = field(default_factory=lambda: {
         "malformed_events": 0, "negative_duration": 0, "missing_duration": 0})
@@ -491,6 +507,10 @@ class Kept:
             kind = type(item)
             if kind in lists:
                 lists[kind].append(item)
+            elif kind is _CommKernel:
+                self.kernels.append(_Kernel(item[:9]))
+                if item[5] is not None:
+                    self.collectives[item[5]] = item[9:]
             elif kind is _Range:
                 self.ranges.append(item)
             elif kind is _Foreign:

@@ -171,13 +171,41 @@ def _load(source: Any) -> ParsedTrace:
 # one rank
 
 def _communication_kernels(trace: ParsedTrace, window: dict
-                           ) -> list[tuple[str, float, float]]:
-    """(name, dur_us, start_us) of the communication kernels that start in the window, in
-    order."""
+                           ) -> list[tuple[str, float, float, tuple | None]]:
+    """(name, dur_us, start_us, collective fields or None) of the communication kernels
+    that start in the window, in order."""
     table, lo, hi = trace.table, window["start_us"], window["end_us"]
-    return [(name, dur, start) for name, start, dur, category in zip(
-        table["name"].tolist(), table["ts_us"].tolist(), table["dur_us"].tolist(),
-        table["category"].tolist()) if category == "communication" and lo <= start < hi]
+    return [(name, dur, start, trace.collectives.get(correlation))
+            for name, start, dur, category, correlation in zip(
+                table["name"].tolist(), table["ts_us"].tolist(), table["dur_us"].tolist(),
+                table["category"].tolist(), table["correlation"].tolist())
+            if category == "communication" and lo <= start < hi]
+
+
+# nccl-tests' bus bandwidth (its PERFORMANCE.md): algorithm bandwidth (bytes over time) times
+# the share of the data each rank's link carries, so figures compare with the link's peak.
+_BUS_FACTORS = (("all_reduce", lambda n: 2 * (n - 1) / n), ("allreduce", lambda n: 2 * (n - 1) / n),
+                ("reduce_scatter", lambda n: (n - 1) / n), ("reducescatter", lambda n: (n - 1) / n),
+                ("allgather", lambda n: (n - 1) / n), ("all_gather", lambda n: (n - 1) / n),
+                ("alltoall", lambda n: (n - 1) / n), ("all_to_all", lambda n: (n - 1) / n),
+                ("broadcast", lambda n: 1.0), ("reduce", lambda n: 1.0), ("send", lambda n: 1.0),
+                ("recv", lambda n: 1.0))
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8,
+                "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+
+
+def bus_bandwidth(fields: tuple, transfer_us: float) -> tuple[str, float, float] | None:
+    """(collective, bytes, bus GB/s) of one collective from its Kineto args and its time;
+    None when the collective or dtype is one the table does not know. The size is the
+    larger of its input and output (an all-gather's output, a reduce-scatter's input)."""
+    name, in_nelems, out_nelems, group, dtype = fields
+    size = _DTYPE_BYTES.get(dtype or "")
+    lowered = name.lower()
+    factor = next((f for key, f in _BUS_FACTORS if key in lowered), None)
+    if not size or factor is None or transfer_us <= 0 or group < 1:
+        return None
+    moved = max(in_nelems, out_nelems) * size
+    return name, float(moved), moved / (transfer_us * 1e-6) * factor(group) / 1e9
 
 
 def _per_step(us: float | None, steps: int) -> float | None:
@@ -268,6 +296,7 @@ def _waiting(rows: list[dict]) -> dict:
     matched = 0
     waits = [0.0] * len(rows)
     skews: list[tuple[float, int, str]] = []  # (start skew, last rank's index, name)
+    bandwidths: list[tuple[str, float, float]] = []  # (collective, bytes, bus GB/s)
     for index in range(min(len(seq) for seq in sequences)):
         names = {seq[index][0] for seq in sequences}
         if len(names) > 1:
@@ -279,6 +308,11 @@ def _waiting(rows: list[dict]) -> dict:
         starts = [seq[index][2] for seq in sequences]
         last = max(range(len(starts)), key=starts.__getitem__)
         skews.append((starts[last] - min(starts), last, sequences[0][index][0]))
+        fields = sequences[0][index][3]
+        if fields is not None:  # the transfer: the time of the rank that waited least
+            rated = bus_bandwidth(fields, shortest)
+            if rated is not None:
+                bandwidths.append(rated)
         matched += 1
     counts = sorted({len(seq) for seq in sequences})
     for row, wait in zip(rows, waits):
@@ -292,7 +326,20 @@ def _waiting(rows: list[dict]) -> dict:
                   "kernels stop agreeing in order and name there" if matched < min(counts)
                   else f"{matched} collectives matched: the ranks recorded {counts[0]}-"
                   f"{counts[-1]} communication kernels")
-    return {"matched": matched, "reason": reason, "skew": _skew_summary(skews, rows)}
+    return {"matched": matched, "reason": reason, "skew": _skew_summary(skews, rows),
+            "bandwidth": _bandwidth_summary(bandwidths)}
+
+
+def _bandwidth_summary(bandwidths: list[tuple[str, float, float]]) -> list[dict]:
+    """Per collective kind: how many, the median message size and bus bandwidth."""
+    by_name: dict[str, list] = {}
+    for name, moved, bus in bandwidths:
+        by_name.setdefault(name, []).append((moved, bus))
+    return [{"collective": name, "count": len(items),
+             "median_bytes": statistics.median(m for m, _b in items),
+             "median_bus_gb_per_s": round(statistics.median(b for _m, b in items), 3),
+             "max_bus_gb_per_s": round(max(b for _m, b in items), 3)}
+            for name, items in sorted(by_name.items(), key=lambda kv: -len(kv[1]))]
 
 
 def _skew_summary(skews: list[tuple[float, int, str]], rows: list[dict]) -> dict | None:
@@ -396,6 +443,7 @@ def analyze_set(members: list[tuple[str, Any]]) -> dict:
     result = {"kind": "trace_set", "rank_count": len(rows), "ranks": rows,
               "rank_from": rows[0]["rank_from"], "collectives_matched": waiting["matched"],
               "collectives_note": waiting["reason"], "collective_skew": waiting.get("skew"),
+              "collective_bandwidth": waiting.get("bandwidth") or [],
               "slowest": _slowest(rows),
               "waited_for": _waited_for(rows)}
     result["sentence"] = set_sentence(result)
