@@ -8,8 +8,8 @@ import streamlit as st
 
 from engine.analysis.speedup import dropped_words, method_words, setup_words
 from engine.analysis.summary_text import speedup_rows
-from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
 from engine.display import NA
+from engine.report.figures import memory_by_kind_figure, speedup_forest_figure
 from pages.plot_view import draw_chart
 from pages.ui import plain
 

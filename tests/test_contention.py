@@ -77,7 +77,8 @@ def test_gpu_evidence_alone_decides_busy():
              "throttle_reasons": "", "gpu_other_procs": 0}
     assert sample_is_busy(quiet, 16) is False
     assert sample_causes({**quiet, "gpu_other_procs": 2}, 16) == ["other GPU processes"]
-    assert sample_causes({**quiet, "throttle_reasons": "sw power cap"}, 16) == ["GPU clocks limited"]
+    assert sample_causes({**quiet, "throttle_reasons": "sw power cap"}, 16) == [
+        "GPU clocks limited"]
     assert sample_causes({**quiet, "sm_clock_mhz": 1400.0}, 16) == ["low SM clock"]
     # An idle GPU at a low clock is not contention: the clock drops when there is no work.
     assert sample_is_busy({**quiet, "gpu_util_pct": 3.0, "sm_clock_mhz": 345.0}, 16) is False

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import RunConfig
-from engine.run.launcher import launch
 from engine.analysis.speedup import setup_words
 from engine.analysis.stall import STALL_ENV, stall_of, stall_words
-from engine.config import env_number
+from engine.config import RunConfig, env_number
+from engine.run.launcher import launch
 from engine.run.watch import MAX_LOG_ENV, LogCap, RunWatch, StallWatch
 from engine.schema import FINAL_STATUSES, WORKER_LOG
 

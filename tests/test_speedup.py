@@ -14,13 +14,14 @@ import pytest
 
 from bench._hog import bursty_hog, cpu_hog
 from engine.analysis.speedup import (
+    EXACT_MAX_ROUNDS,
     MIN_ROUNDS,
     apply_verdicts,
     explain,
     half_width_pct,
-    EXACT_MAX_ROUNDS,
     interval_coverage,
     is_significant,
+    mode_labels,
     paired_speedup,
     signed_rank_interval_rank,
     speedup_words,
@@ -30,7 +31,6 @@ from engine.analysis.speedup import (
 )
 from engine.cli.speedup import format_result
 from engine.config import ConfigError, RunConfig
-from engine.analysis.speedup import mode_labels
 from engine.training.speedup import (
     BLOCK_STEPS_MIN,
     SETUP_STEPS_AFTER_WARMUP,
@@ -196,7 +196,8 @@ def test_the_speedup_check_measures_your_own_workload(tmp_path):
     check accepts every workload the runs accept)."""
     from pathlib import Path
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "tiny_transformer.py"
+    example = (Path(__file__).resolve().parent.parent / "examples" / "workloads"
+               / "tiny_transformer.py")
     cfg = RunConfig(model="custom", workload=str(example), precision="fp32",
                     speedup_modes="fp32,bf16-amp", speedup_budget_s=15.0, batch_size=8,
                     seq_len=32)

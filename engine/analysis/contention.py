@@ -25,17 +25,19 @@ from typing import Any, Iterable, Mapping
 # The per-sample rule lives beside the probe that measures it (engine.hardware.contention),
 # so the peak microbenchmark below this wing can ask it too; the verdict over a set of
 # samples and its sentence are here.
-from engine.hardware.contention import (  # noqa: E402 - re-exported: one rule
+from engine.hardware.contention import (  # noqa: F401 - re-exported: one rule
     BUSY_GPU_UTIL_PCT,
     LIMIT_REASONS,
     LOW_CLOCK_FRACTION,
     MIN_OTHERS_CORES,
     OTHERS_SHARE_OF_CORES,
     STEAL_PCT,
-    number as _number,
     others_limit_cores,
     sample_causes,
     sample_is_busy,
+)
+from engine.hardware.contention import (
+    number as _number,
 )
 
 BUSY_SHARE = 0.2

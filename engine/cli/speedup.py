@@ -186,7 +186,8 @@ def progress_line(progress: dict[str, Any]) -> str:
         parts.append(f"widest interval +/-{width:.1f} % (target {progress['target_pct']:g} %)")
     for row in progress.get("modes", [])[1:]:
         if row.get("ci_low") is not None:
-            parts.append(f"{row['mode']} {row['speedup']:.2f}x [{row['ci_low']:.2f}-{row['ci_high']:.2f}]")
+            parts.append(f"{row['mode']} {row['speedup']:.2f}x "
+                         f"[{row['ci_low']:.2f}-{row['ci_high']:.2f}]")
     return ", ".join(parts)
 
 

@@ -152,7 +152,8 @@ class ContentionProbe:
             total_s = stat["total_s"] - last_stat["total_s"]
             busy_s = stat["busy_s"] - last_stat["busy_s"]
             if total_s > 0:
-                row["steal_pct"] = max(0.0, (stat["steal_s"] - last_stat["steal_s"]) / total_s * 100)
+                stolen_s = stat["steal_s"] - last_stat["steal_s"]
+                row["steal_pct"] = max(0.0, stolen_s / total_s * 100)
                 if ours_s is not None:
                     # busy_s is in CPU seconds over all cores; per wall second = cores used.
                     row["others_cpu_cores"] = min(float(self.cores),

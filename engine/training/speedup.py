@@ -12,11 +12,11 @@ makes the interval's 95 % hold under bursty load (statistics: engine.analysis.sp
 
 - the budget is wall time from the check's start, set-up included: building every copy,
   the FLOP count (one, before any step), warm-up (`warmup_steps`, at least
-  WARMUP_STEPS_MIN untimed steps, each timed), two calibration blocks that set the block length (BLOCK_TARGET_S per block for
-  the slowest mode, so switching costs are amortised, shortened so MIN_ROUNDS rounds fit
-  what is left) and the CPU memory step, each reported as a set-up stage per mode; a mode
-  whose warm-up shows its step cannot fit its set-up and MIN_ROUNDS rounds is left out,
-  with the reason, before it costs more;
+  WARMUP_STEPS_MIN untimed steps, each timed), two calibration blocks that set the block
+  length (BLOCK_TARGET_S per block for the slowest mode, so switching costs are
+  amortised, shortened so MIN_ROUNDS rounds fit what is left) and the CPU memory step,
+  each reported as a set-up stage per mode; a mode whose warm-up shows its step cannot
+  fit its set-up and MIN_ROUNDS rounds is left out, with the reason, before it costs more;
 - stop: when every mode's 95 % interval is within `speedup_target_pct` of its speedup
   (after MIN_ROUNDS rounds), before a round that would end past the budget (its length:
   the last round's), or when a stop is requested;
