@@ -135,8 +135,18 @@ def test_kernels_step_and_traces_refuse_bad_values(small_trace, tmp_path):
                                      ("trace", value[:20]))
 
 
+def test_kernels_set_flags_refuse_bad_values(tmp_path):
+    for name in ("rank-0.json", "rank-1.json"):
+        (tmp_path / name).write_text('{"traceEvents": []}')
+    for value in ["0", "-1", "abc", "1e9", "257", "", "\x00"]:
+        _assert_one_line_usage_error(["kernels", str(tmp_path), "--workers", value],
+                                     ("--workers",))
+    for value in ["", "ray://head:10001", "host", "host:99999", "\x00", "a" * 5000]:
+        _assert_one_line_usage_error(["kernels", str(tmp_path), "--ray", value], ("--ray",))
+
+
 def test_kernels_flags_are_all_fuzzed():
-    assert set(_flags("kernels")) == {"--step"}
+    assert set(_flags("kernels")) == {"--step", "--workers", "--ray"}
 
 
 # ---------------------------------------------------------------------------------------

@@ -359,3 +359,41 @@ def test_sweep_page_shows_the_ray_sweep_its_placement_and_heatmap(finished_sweep
     assert not at.error, [e.value for e in at.error]
     assert any("answered" in c.value for c in at.caption)
     assert not at.button(key="sw_create").disabled
+
+
+# ---------------------------------------------------------------------------------------
+# one job's rank traces read on the cluster
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_rank_set_read_on_ray_matches_the_local_read_and_names_the_slowed_rank(
+        ray_address, tmp_path):
+    """16 ranks built from the two real rank traces (each its own rank id, rank 5 slowed
+    by 1.3x) and one file that is no trace: read as Ray tasks, the per-rank table, the
+    slowest rank and the waiting are the local path's, and the bad file is one line."""
+    from test_trace_scale import RANK_SET, _events, _slowed, _write
+
+    from engine.cluster.ray_traces import analyze_set_on_ray
+    from engine.traces.sets import analyze_set, set_members
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    sources = [_events(RANK_SET / "rank-0.json.gz"), _events(RANK_SET / "rank-1.json.gz")]
+    for rank in range(16):
+        data = _slowed(sources[rank % 2], rank, 1.3 if rank == 5 else 1.0)
+        data["distributedInfo"]["world_size"] = 16
+        _write(folder / f"rank-{rank}.json.gz", data)
+    members = set_members([folder])
+    local = analyze_set(members)
+    (folder / "rank-16.json").write_text("not a trace at all")
+    progress: list[str] = []
+    on_ray = analyze_set_on_ray(set_members([folder]), ray_address, on_progress=progress.append)
+    assert on_ray["analysed_on"] == f"Ray cluster at {ray_address}"
+    assert [row["rank"] for row in on_ray["ranks"]] == list(range(16))
+    assert on_ray["ranks"] == local["ranks"]
+    assert on_ray["slowest"]["rank"] == local["slowest"]["rank"] == 5
+    assert on_ray["collectives_matched"] == local["collectives_matched"]
+    (failed,) = on_ray["failed_ranks"]
+    assert failed["source"] == "rank-16.json" and "plain text" in failed["error"]
+    assert len(progress) == 17 and any("rank-16.json" in line for line in progress)

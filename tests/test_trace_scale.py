@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import shutil
+import time
 import zipfile
 from pathlib import Path
 
@@ -430,3 +431,71 @@ def test_bus_bandwidth_follows_nccl_tests_from_the_collectives_message_sizes(tmp
     assert row["count"] <= len(kernels) and row["count"] > 0
     assert expected[0] <= row["median_bus_gb_per_s"] <= expected[-1]
     assert row["max_bus_gb_per_s"] == pytest.approx(expected[-1], rel=1e-3)
+
+
+def test_workers_follow_cores_and_memory_and_small_sets_stay_in_process(tmp_path):
+    from engine.traces.set_workers import PARALLEL_FROM_TEXT_BYTES, workers_for
+
+    small = [TRACES / "h100_bert_small_tracelens.json.gz"] * 4
+    assert workers_for(small, cores=8, available_bytes=64 << 30) == 1  # not worth a process
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (PARALLEL_FROM_TEXT_BYTES // 2))
+    paths = [big] * 16
+    assert workers_for(paths, cores=8, available_bytes=64 << 30) == 8  # the cores
+    # 128 MiB of text peaks near 64 MiB a rank: 256 MiB of memory (3/4 usable) fits 3
+    assert workers_for(paths, cores=8, available_bytes=256 << 20) == 3
+    assert workers_for(paths[:2], cores=8, available_bytes=64 << 30) == 2  # the ranks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ranks_read_in_worker_processes_match_and_a_killed_worker_is_one_line(tmp_path):
+    """Two processes at a time: the same per-rank table as one process; a worker killed
+    while it reads is that rank's one line, the other ranks still reported."""
+    import threading
+
+    import psutil
+
+    from engine.traces.set_workers import analyze_set_parallel
+
+    folder = make_four_ranks(tmp_path / "job")
+    members = set_members([folder])
+    assert analyze_set_parallel(members, 2)["ranks"] == analyze_set(members)["ranks"]
+    victim = folder / "rank-3.json.gz"
+    big = _events(TRACES / "v100_resnet50_kineto_v1.json.gz")  # long enough to be caught
+    big["distributedInfo"] = {"rank": 3, "world_size": 4}
+    _write(victim, big)
+    killed: list[int] = []
+
+    def kill_the_worker_of_rank_3() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if "set_workers" in " ".join(child.cmdline()) and str(victim) in \
+                            " ".join(child.cmdline()):
+                        child.kill()
+                        killed.append(child.pid)
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_worker_of_rank_3)
+    killer.start()
+    result = analyze_set_parallel(set_members([folder]), 2)
+    killer.join()
+    assert killed
+    (failed,) = result["failed_ranks"]
+    assert failed["source"] == "rank-3.json.gz" and "killed by signal 9" in failed["error"]
+    assert [row["rank"] for row in result["ranks"]] == [0, 1, 2]
+
+
+def test_a_set_on_ray_refuses_a_client_address_before_anything_starts():
+    from engine.cluster.ray_traces import analyze_set_on_ray
+    from engine.config import ConfigError
+
+    members = set_members([RANK_SET])
+    with pytest.raises(ConfigError, match="Ray Client"):
+        analyze_set_on_ray(members, "ray://head:10001")
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        analyze_set_on_ray(members, "no-port")

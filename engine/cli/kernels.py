@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from engine.cli.errors import EXIT_OK, EXIT_USAGE, path_problem, shown, typed
+from engine.config import ConfigError
 from engine.display import ratio_text, share_text
 from engine.traces.kernels import classify_kernel
 
@@ -48,6 +49,13 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                               "a folder, a zip or three traces or more)")
     kernels.add_argument("--step", type=typed(int, "--step"), default=None, metavar="N",
                          help="account one profiler step (ProfilerStep#N) only")
+    kernels.add_argument("--workers", default="auto", metavar="N|auto",
+                         help="a trace set: ranks read at once in their own processes "
+                              "(auto: as many as the cores and memory allow; 1: one by one "
+                              "in this process)")
+    kernels.add_argument("--ray", default=None, metavar="ADDRESS|auto",
+                         help="a trace set: read each rank where the files are, as a task on "
+                              "this Ray cluster (HOST:PORT of its head, or auto)")
     kernels.add_argument("--json", action="store_true", help="print one JSON object")
     kernels.set_defaults(func=cmd_kernels)
 
@@ -66,8 +74,9 @@ def cmd_classify(args: argparse.Namespace, stdin: TextIO | None = None,
 
 def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
                 stderr: TextIO | None = None) -> int:
-    # late: only this command reads traces, so the CLI's start-up stays light
     from engine.analysis.whatif import run_projection  # late: as analyze, this command only
+
+    # late: only this command reads traces, so the CLI's start-up stays light
     from engine.traces.explain import analyze, explain_diff, explain_runs
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
@@ -116,9 +125,10 @@ def cmd_kernels(args: argparse.Namespace, stdout: TextIO | None = None,
 
 def _target(text: str) -> tuple[str, object, object]:
     """A trace path as given, or a run id's profiler trace: (path, run or None, store)."""
-    # late: explain reads traces and the store SQLite; only `kernels` needs either
     # late: opening the store only when an argument is not a file
     from engine.store import RunNotFound, Store
+
+    # late: explain reads traces and the store SQLite; only `kernels` needs either
     from engine.traces.explain import run_trace_path
 
     if Path(text).exists() or text.endswith((".json", ".gz")):
@@ -187,15 +197,51 @@ def _cmd_trace_set(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> 
 
     try:
         members = _run_ranks(args) or set_members([Path(text) for text in _set_paths(args)])
-        result = analyze_set(members)
+        files = all(isinstance(source, Path) for _label, source in members)
+        if args.ray is not None:
+            if not files:
+                raise ValueError("--ray reads each rank's file where it is: give a folder or "
+                                 "the files, not a zip (unzip it first)")
+            # late: Ray is an optional extra, imported only for a set read on a cluster
+            from engine.cluster.ray_traces import analyze_set_on_ray
+
+            try:
+                result = analyze_set_on_ray(members, args.ray,
+                                            on_progress=lambda text: stderr.write(text + "\n"))
+            except ConfigError as exc:  # the address: named by the flag the user typed
+                raise ValueError(f"--ray {shown(exc.value)}: {exc.fix}") from None
+        else:
+            workers = _workers(args.workers, members) if files else 1
+            if workers > 1:
+                # late: worker processes only for a set worth them
+                from engine.traces.set_workers import analyze_set_parallel
+
+                result = analyze_set_parallel(members, workers)
+            else:
+                result = analyze_set(members)
     except ValueError as exc:  # names the file or folder
         stderr.write(f"error: {_one_line(str(exc))}\n")
         return EXIT_USAGE
+    for failure in result.get("failed_ranks") or []:
+        stderr.write(f"rank trace {failure['source']}: {_one_line(failure['error'])}\n")
     if args.json:
         stdout.write(json.dumps({"trace_set": result}) + "\n")
     else:
         stdout.write(format_trace_set(result))
     return EXIT_OK
+
+
+def _workers(text: str, members: list) -> int:
+    """--workers as a count: auto asks set_workers.workers_for (cores and memory)."""
+    if text == "auto":
+        # late: only a set read in processes needs it
+        from engine.traces.set_workers import workers_for
+
+        return workers_for([source for _label, source in members])
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise ValueError(f"--workers {shown(text)}: expected auto or a whole number from 1 "
+                         "to 256")
+    return int(text)
 
 
 def _run_ranks(args: argparse.Namespace) -> list | None:

@@ -430,14 +430,34 @@ def set_sentence(result: dict) -> str:
 
 def analyze_set(members: list[tuple[str, Any]]) -> dict:
     """The trace-set view of `members` ((label, path or stream) per rank trace; see
-    set_members). ValueError for fewer than two traces or one that cannot be read (the
-    message names the file)."""
+    set_members), read one after another in this process. ValueError for fewer than two
+    traces or one that cannot be read (the message names the file). In worker processes:
+    engine.traces.set_workers.analyze_set_parallel; on Ray: engine.cluster.ray_traces."""
     if len(members) < 2:
         raise ValueError(f"a trace set needs the traces of two or more ranks; got "
                          f"{len(members)}")
     with collector_paused():  # every rank's read and accounting (trace_reader.collector_paused)
         rows = [_rank_row(label, _load(source)) for label, source in members]
-    _assign_ranks(rows, [str(source) for _label, source in members])
+    return finish_set(rows, [str(source) for _label, source in members])
+
+
+def rank_row(label: str, source: Any) -> dict:
+    """One rank's row, as analyze_set makes it: what a worker process or a Ray task
+    computes where the trace is (its `_comm` list is JSON-safe)."""
+    with collector_paused():
+        return _rank_row(label, _load(source))
+
+
+def finish_set(rows: list[dict], files: list[str], failed: list[dict] | None = None) -> dict:
+    """The set view of rank rows computed anywhere (here, in worker processes, on a Ray
+    cluster): ranks assigned, waiting, skew, slowest; `failed` ({"source", "error"}) are
+    the ranks that could not be read, each one line in the result."""
+    failed = failed or []
+    if len(rows) < 2:
+        reasons = "; ".join(f"{f['source']}: {f['error']}" for f in failed[:4])
+        raise ValueError(f"a trace set needs two or more readable rank traces; {len(rows)} "
+                         f"read" + (f" ({reasons})" if reasons else ""))
+    _assign_ranks(rows, files)
     rows.sort(key=lambda row: row["rank"])
     waiting = _waiting(rows)
     result = {"kind": "trace_set", "rank_count": len(rows), "ranks": rows,
@@ -445,6 +465,6 @@ def analyze_set(members: list[tuple[str, Any]]) -> dict:
               "collectives_note": waiting["reason"], "collective_skew": waiting.get("skew"),
               "collective_bandwidth": waiting.get("bandwidth") or [],
               "slowest": _slowest(rows),
-              "waited_for": _waited_for(rows)}
+              "waited_for": _waited_for(rows), "failed_ranks": failed}
     result["sentence"] = set_sentence(result)
     return result
