@@ -23,7 +23,9 @@ the smallest fixture against HTA's whole process (goal: at most 0.5x).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
 import shutil
 import statistics
@@ -44,6 +46,7 @@ BIG_SOURCE = "v100_resnet50_kineto_v1.json.gz"
 BIG_BYTES = 2**30
 BIG_TIME_TARGET_S, BIG_MEMORY_TARGET_MIB = 8.0, 1024.0
 SMALL_CLI_TARGET = 0.5
+SET_RANKS = 16
 HTA_ADDRESS_LIMIT = 8 * 2**30
 
 # A fresh parent per measurement: RUSAGE_CHILDREN of this process would hold every
@@ -216,6 +219,72 @@ def measure_big(workdir: Path) -> dict:
     return row
 
 
+def _ray_head(workdir: Path) -> tuple[str | None, str]:
+    """A local Ray head with 2 CPUs for the set's Ray read: (address, "") or (None, why)."""
+    if importlib.util.find_spec("ray") is None:
+        return None, "Ray is not installed (pip install -r requirements-ray.txt)"
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; "
+               "sys.argv[0] = 'ray'; sys.exit(main())"]
+    start = subprocess.run([*ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1",
+                            "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
+                            "--include-dashboard=false", "--disable-usage-stats",
+                            "--temp-dir", str(workdir / "ray")],
+                           capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    if start.returncode != 0:
+        return None, f"ray start failed: {start.stderr[-300:]}"
+    return f"127.0.0.1:{port}", ""
+
+
+def measure_set(workdir: Path, ranks: int = SET_RANKS) -> dict:
+    """One job of `ranks` 1 GiB rank traces (the big V100-built trace, hard-linked once per
+    rank): the set read in one process, in 2 worker processes, and as Ray tasks on a local
+    2-CPU head; the time per rank, and the projected time with N workers (ranks / N rounds
+    of the 2-worker per-rank time, memory allowing)."""
+    # late: the builder and the set paths are only for this measurement
+    from bench._big_trace import build
+    from engine.cluster.ray_traces import analyze_set_on_ray
+    from engine.traces.set_workers import analyze_set_parallel
+    from engine.traces.sets import analyze_set, set_members
+
+    folder = workdir / "set"
+    folder.mkdir()
+    big = workdir / "rank-source.json"
+    build(FIXTURES / BIG_SOURCE, big, BIG_BYTES)
+    for rank in range(ranks):
+        os.link(big, folder / f"rank-{rank}.json")
+    members = set_members([folder])
+    row: dict[str, Any] = {"ranks": ranks, "rank_mib": big.stat().st_size / 2**20}
+    for label, run in (("one_process_s", lambda: analyze_set(members)),
+                       ("two_workers_s", lambda: analyze_set_parallel(members, 2))):
+        started = time.perf_counter()
+        run()
+        row[label] = time.perf_counter() - started
+    address, why = _ray_head(workdir)
+    if address:
+        try:
+            started = time.perf_counter()
+            analyze_set_on_ray(members, address)
+            row["ray_2cpu_s"] = time.perf_counter() - started
+        finally:
+            subprocess.run([sys.executable, "-c", "import sys; from ray.scripts.scripts import "
+                            "main; sys.argv[0] = 'ray'; sys.exit(main())", "stop", "--force"],
+                           capture_output=True, timeout=120)
+    else:
+        row["ray"] = why
+    per_rank_s = row["two_workers_s"] * 2 / ranks  # a worker's time per rank, 2 at a time
+    row["projected_s"] = {str(n): round(math.ceil(ranks / n) * per_rank_s, 1)
+                          for n in (1, 2, 4, 8, 16, 64)}
+    shutil.rmtree(folder, ignore_errors=True)
+    big.unlink(missing_ok=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.traces")
     parser.add_argument("traces", nargs="*", type=Path, help="trace files (default: fixtures)")
@@ -223,8 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one small fixture, one repeat")
     parser.add_argument("--no-big", action="store_true",
                         help="skip the 1 GiB trace (built from the V100 fixture, ~1.1 GB of disk)")
+    parser.add_argument("--set", action="store_true", dest="trace_set",
+                        help=f"only a {SET_RANKS}-rank set of 1 GiB traces: one process, 2 "
+                             "workers, a local Ray head; the projected time for N workers")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.trace_set:
+        return _main_set(args)
     paths = args.traces or ([FIXTURES / QUICK_FIXTURE] if args.quick
                             else sorted(FIXTURES.glob("*.json.gz")))
     repeats = 1 if args.quick else max(1, args.repeats)
@@ -264,6 +338,20 @@ def main(argv: list[str] | None = None) -> int:
                    "hta_compared": len(compared), "rows": rows, "big": big,
                    "small_cli": small_cli,
                    "elapsed_s": time.perf_counter() - started, "machine": machine_info()})
+    return 0
+
+
+def _main_set(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="precision-lab-bench-set-") as tmp:
+        row = measure_set(Path(tmp))
+    print(f"{row['ranks']} rank traces of {row['rank_mib']:.0f} MiB: one process "
+          f"{row['one_process_s']:.1f} s, 2 worker processes {row['two_workers_s']:.1f} s, "
+          + (f"Ray (local head, 2 CPUs) {row['ray_2cpu_s']:.1f} s" if "ray_2cpu_s" in row
+             else f"Ray: {row['ray']}"))
+    print("projected with N workers (memory allowing): " + ", ".join(
+        f"{n}: {s:.0f} s" for n, s in row["projected_s"].items()))
+    if args.json:
+        emit_json({"benchmark": "traces_set", "set": row, "machine": machine_info()})
     return 0
 
 
