@@ -252,7 +252,9 @@ def _is_process(pid: int, create_time: float | None) -> bool:
     try:
         import psutil
 
-        return create_time is not None and abs(psutil.Process(pid).create_time() - create_time) <= 1.0
+        return (
+            create_time is not None and abs(psutil.Process(pid).create_time() - create_time) <= 1.0
+        )
     except Exception:
         return False
 

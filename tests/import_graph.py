@@ -168,7 +168,9 @@ def back_imports(root: Path = REPO_ROOT) -> list[str]:
             source_wing, target_wing = wing_of(imp.source), wing_of(imp.target)
             unknown = [w for w in (source_wing, target_wing) if w not in rank]
             if unknown:
-                offences.append(f"{imp.source}:{imp.line}: wing {unknown[0]!r} is not in WING_ORDER")
+                offences.append(
+                    f"{imp.source}:{imp.line}: wing {unknown[0]!r} is not in WING_ORDER"
+                )
             elif rank[target_wing] > rank[source_wing]:
                 where = f"in {imp.function}()" if imp.function else "module level"
                 offences.append(f"{imp.source}:{imp.line} ({where}) imports {imp.target} "

@@ -39,8 +39,13 @@ def test_a_fast_test_that_starts_a_process_fails_naming_it(tmp_path):
                                          "markers =\n    browser: b\n")
 
     def pytest_in(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                              cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     everything = pytest_in("-rE")
     assert "3 passed, 1 error" in everything.stdout, everything.stdout[-2000:]

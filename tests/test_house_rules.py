@@ -67,7 +67,9 @@ def _module_level_imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
         if isinstance(node, (ast.If, ast.Try, ast.With)):
-            pending += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            pending += [
+                child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)
+            ]
             for handler in getattr(node, "handlers", []):
                 pending += handler.body
         elif isinstance(node, ast.Import):
@@ -332,7 +334,9 @@ def test_every_summary_key_written_is_declared_in_run_summary():
 
     written = [(path, line, key) for path in [*ENGINE_FILES, *PAGE_FILES]
                for line, key in _summary_keys_written(path)]
-    assert {"peak_flops", "oom_batch_size", "parallel", "cpu_evidence"} <= {k for _, _, k in written}
+    assert {"peak_flops", "oom_batch_size", "parallel", "cpu_evidence"} <= {
+        k for _, _, k in written
+    }
     undeclared = [f"{path.relative_to(REPO_ROOT)}:{line}: {key!r}" for path, line, key in written
                   if key not in SUMMARY_KEYS]
     assert undeclared == [], "declare these keys in engine.schema.RunSummary"
@@ -374,8 +378,11 @@ def test_headless_entry_points_import_neither_streamlit_nor_torch():
 # a function past this is a loop plus its bookkeeping (bench/ scripts are exempt).
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
-SIZED_FILES = [p for p in sorted(REPO_ROOT.rglob("*.py"))
-               if p.relative_to(REPO_ROOT).parts[0] in ("engine", "pages", "tests", "scripts", "app.py")]
+SIZED_FILES = [
+    p
+    for p in sorted(REPO_ROOT.rglob("*.py"))
+    if p.relative_to(REPO_ROOT).parts[0] in ("engine", "pages", "tests", "scripts", "app.py")
+]
 
 
 def _too_big(path: Path) -> list[str]:
@@ -421,8 +428,13 @@ def _fast_test_imports(path: Path) -> set[str]:
                   and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)]
     if any("slow" in ast.unparse(m) or "browser" in ast.unparse(m) for m in file_marks):
         return set()
-    fast = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-            and node.name.startswith("test_") and not _marked(node.decorator_list, ("slow", "browser"))]
+    fast = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and not _marked(node.decorator_list, ("slow", "browser"))
+    ]
     if not fast:
         return set()
     found = {module for _, module in _module_level_imports(path)}

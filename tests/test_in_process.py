@@ -32,7 +32,9 @@ def test_a_trainer_killed_by_a_signal_is_recorded_with_the_signal_and_the_step(s
     store.set_status(queued_run, RUNNING)
     _record_exit(store, queued_run, -signal.SIGSEGV, stop_requested=False)
     run = store.get_run(queued_run)
-    assert run.status == FAILED and run.reason.startswith("worker exited with signal 11 (SIGSEGV) at step 0")
+    assert run.status == FAILED and run.reason.startswith(
+        "worker exited with signal 11 (SIGSEGV) at step 0"
+    )
 
 
 def test_a_stop_request_wins_over_the_exit_code(store, queued_run):
@@ -150,7 +152,11 @@ def test_the_store_actor_class_records_placement_rows_and_stops(store, queued_ru
 
 
 def test_an_mlflow_server_that_refuses_is_named_before_any_export(store):
-    from engine.report.mlflow_export import TrackingServerUnreachable, check_tracking_server, mlflow_problem
+    from engine.report.mlflow_export import (
+        TrackingServerUnreachable,
+        check_tracking_server,
+        mlflow_problem,
+    )
 
     assert mlflow_problem() is None  # CI installs the export extra
     with pytest.raises(TrackingServerUnreachable, match="127.0.0.1"):

@@ -189,9 +189,11 @@ class Trainer:
         if is_dataset(source):
             return LoaderSource(source, self.cfg, self.device, self.cfg.channels_last)
         if self.cfg.data == "loader":
-            raise WorkloadError(f"workload {workload_label(self.cfg.workload)}: data loader needs a "
-                                "torch.utils.data.Dataset as Workload.batches, and this one "
-                                "is a function; return a Dataset, or use data synthetic")
+            raise WorkloadError(
+                f"workload {workload_label(self.cfg.workload)}: data loader needs a "
+                "torch.utils.data.Dataset as Workload.batches, and this one "
+                "is a function; return a Dataset, or use data synthetic"
+            )
         return FunctionSource(source, self.device)
 
     def close(self) -> None:
@@ -502,8 +504,10 @@ def _user_code(cfg: RunConfig, doing: str, work: Callable[[], Any]) -> Any:
     except Exception as exc:
         if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
             raise
-        raise WorkloadError(f"workload {workload_label(cfg.workload)}: {doing} raised {one_line(exc)} "
-                            "(traceback in the run's log)") from exc
+        raise WorkloadError(
+            f"workload {workload_label(cfg.workload)}: {doing} raised {one_line(exc)} "
+            "(traceback in the run's log)"
+        ) from exc
 
 
 def _profiler(cfg: RunConfig, device: torch.device, run_dir: Path | None,
