@@ -400,8 +400,15 @@ def test_budget_s_is_the_wall_time_of_the_whole_command_quiet_and_beside_a_burst
         result = _json_line(proc)
         assert wall_s <= 20.0 + margin_s, (hog, wall_s, result["elapsed_s"], result["setup_s"])
         assert 0 < result["setup_s"] < result["elapsed_s"] <= 20.0 + margin_s
-        assert "set-up: warming up bf16-amp (fp32: warm, bf16-amp: warming up)" in proc.stderr
-        assert "set-up: calibrating fp32" in proc.stderr
+        # the CLI prints the stage it finds at each 0.3 s poll: a quick stage may pass unseen
+        setup_lines = [line for line in proc.stderr.splitlines() if "set-up: " in line]
+        assert len(setup_lines) >= 2, proc.stderr
+        stage = (r"set-up: (setting up|set-up done, round 1 running|(building|counting FLOPs|"
+                 r"warming up|calibrating|measuring memory|training the noise copy) fp32\S*"
+                 r"|(building|counting FLOPs|warming up|calibrating|measuring memory) bf16-amp)")
+        for line in setup_lines:
+            assert re.search(stage, line) and line.endswith(
+                " / 20 s of the budget, set-up included"), line
 
 
 def test_the_set_up_words_say_the_stage_each_modes_state_and_the_budget_spent():
