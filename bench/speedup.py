@@ -138,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS for the trainer (0: torch's default)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: mlp-tiny, 6 s budget, 1 repeat (no figures to quote)")
+                        help="smoke run: mlp-tiny, 20 s budget, 1 repeat (no figures to quote)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.size, args.batch_size = "mlp", "tiny", 32
-        args.budget_s, args.repeats, args.naive_steps = 6.0, 1, 30
+        # the budget holds the set-up too (building, FLOP count, warm-up, calibration)
+        args.budget_s, args.repeats, args.naive_steps = 20.0, 1, 30
     workload = ["--model", args.model, "--size", args.size, "--batch-size", str(args.batch_size)]
     TRAINER_THREADS["value"] = args.threads or None
     # SIGTERM runs the finally below too: no run of this benchmark outlives it.

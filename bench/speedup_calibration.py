@@ -1,7 +1,7 @@
 """Does the speedup check's 95 % mean 95 %? A/A checks on a quiet, a steadily loaded and a
 burstily loaded machine, counted.
 
-    python -m bench.speedup_calibration [--checks 20] [--aa-budget-s 4] [--model gpt
+    python -m bench.speedup_calibration [--checks 20] [--aa-budget-s 10] [--model gpt
         --size tiny] [--paired-budget-s 40] [--paired-repeats 3] [--quick] [--json]
 
 An A/A check measures one mode against a second copy of itself, so every difference it
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.speedup_calibration",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--checks", type=int, default=20, help="A/A checks per condition")
-    parser.add_argument("--aa-budget-s", type=float, default=5.0)
+    parser.add_argument("--aa-budget-s", type=float, default=10.0)  # set-up included
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -205,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.checks, args.aa_budget_s, args.model, args.size, args.batch_size = (
             2,
-            5.0,
+            12.0,  # the budget holds the set-up too
             "mlp",
             "small",
             32,
         )
         args.paired_model, args.paired_size, args.paired_batch_size = "mlp", "small", 32
-        args.paired_budget_s, args.paired_repeats = 6.0, 1
+        args.paired_budget_s, args.paired_repeats = 20.0, 1
     started = time.monotonic()
     conditions = {name: _aa_condition(name, args, seed0=100 * i)
                   for i, name in enumerate(CONDITIONS)}

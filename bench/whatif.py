@@ -119,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget-s", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--quick", action="store_true", help="one small workload, 8 s check")
+    parser.add_argument("--quick", action="store_true",
+                        help="one small workload, 20 s check (set-up included)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     workloads = ["mlp:tiny:32"] if args.quick else args.workloads.split(",")
-    budget_s = 8.0 if args.quick else args.budget_s
+    budget_s = 20.0 if args.quick else args.budget_s
     result = bench(workloads, args.device, budget_s, 20 if args.quick else args.steps)
     print_table("what-if: fp32 -> bf16-amp, projected vs measured",
                 ["workload", "projected", "measured", "95 % interval", "error %", "busy"],

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.analysis.findings import both_mfu_words, peak_words
 from engine.analysis.cpu_evidence import verdict_tone
-from engine.traces.explain import window_note
+from engine.analysis.findings import both_mfu_words, peak_words
 from engine.analysis.live import (
     busy_words,
     data_wait_share,
@@ -33,7 +32,6 @@ from engine.display import (
     step_time_text,
     throughput_text,
 )
-from engine.run.ray_runs import is_ray_run
 from engine.report.export import metrics_csv, metrics_parquet
 from engine.run.batch_search import (
     DEFAULT_MAX_PROBES,
@@ -43,9 +41,11 @@ from engine.run.batch_search import (
     start_batch_search,
 )
 from engine.run.launcher import read_log_tail, reconcile, stop
+from engine.run.ray_runs import is_ray_run
 from engine.schema import throughput_column, throughput_unit
 from engine.store import RunNotFound
 from engine.store.downsample import downsample_minmax
+from engine.traces.explain import window_note
 from pages import charts
 from pages.live_refresh import (
     REFRESH_S,
@@ -55,8 +55,6 @@ from pages.live_refresh import (
 )
 from pages.plot_view import draw_chart
 from pages.speedup_view import draw_speedup
-from pages.whatif_view import TITLE as WHATIF_TITLE
-from pages.whatif_view import draw_projection
 from pages.ui import (
     LIVE_RUN_KEY,
     PREFILL_KEY,
@@ -73,6 +71,8 @@ from pages.ui import (
     show_caveat,
     status_words,
 )
+from pages.whatif_view import TITLE as WHATIF_TITLE
+from pages.whatif_view import draw_projection
 
 ensure_app_shell()  # before drawing anything: see pages/ui.py
 
@@ -109,10 +109,16 @@ cfg = run.config
 what = (f"speedup check: {' vs '.join(cfg.speedup_mode_list)} (baseline first), budget "
         f"{cfg.speedup_budget_s:g} s" if cfg.is_speedup_check
         else f"{cfg.precision} · {cfg.steps} steps")
-st.caption(f"{plain(cfg.model_label)} · {what} · batch {cfg.batch_size} · lr {cfg.lr:g} · {cfg.optimizer} · device {plain(run.device_key)} "
-           f"({plain(run.device_name or 'unknown')}) · seed {cfg.seed}"
-           + (f" · {cfg.nprocs} processes ({cfg.sharding}, comm hook {cfg.comm_hook})"
-              if cfg.nprocs > 1 else ""))
+st.caption(
+    f"{plain(cfg.model_label)} · {what} · batch {cfg.batch_size} · lr {cfg.lr:g} · "
+    f"{cfg.optimizer} · device {plain(run.device_key)} "
+    f"({plain(run.device_name or 'unknown')}) · seed {cfg.seed}"
+    + (
+        f" · {cfg.nprocs} processes ({cfg.sharding}, comm hook {cfg.comm_hook})"
+        if cfg.nprocs > 1
+        else ""
+    )
+)
 
 on_ray = is_ray_run(store, run.id)  # a sweep run placed by a Ray cluster (device "cpu@IP")
 # Chart options and run actions: outside the refreshing fragment (the fragment reads them).
@@ -177,8 +183,10 @@ def progress_block(run, frame: pd.DataFrame) -> None:
 def status_block(run) -> None:
     if run.status == "queued":
         position = store.queue_position(run.id)
-        st.info(f"{status_words('queued')}: waiting for {plain(run.device_key)} (position {position}); "
-                "one run per device at a time keeps throughput numbers honest.")
+        st.info(
+            f"{status_words('queued')}: waiting for {plain(run.device_key)} (position {position}); "
+            "one run per device at a time keeps throughput numbers honest."
+        )
     elif run.status == "running":
         st.success(f"{status_words('running')} on {plain(run.device_key)}")
         stall = stall_of(store, run)
@@ -262,7 +270,9 @@ def matrix_unit_badge(run) -> None:
         st.markdown(f"Tensor Cores: {coloured(answer, VERDICT_COLOURS.get(answer, 'gray'))} · "
                     f"**{plain(verdict.get('headline', ''))}**")
         if verdict.get("evidence"):
-            st.caption("Evidence: " + ", ".join(plain(str(name)[:80]) for name in verdict["evidence"][:3]))
+            st.caption(
+                "Evidence: " + ", ".join(plain(str(name)[:80]) for name in verdict["evidence"][:3])
+            )
     cpu = summary.get("cpu_evidence")
     if cpu:
         tone = verdict_tone(cpu["verdict"])
@@ -356,9 +366,13 @@ def telemetry_block(run) -> None:
             "Power, temperature, clocks", "value"), key="tele_power")
     else:
         left, right = st.columns(2)
-        draw_chart(container=left, figure=charts.telemetry_figure(frame, [("cpu_pct", "worker CPU %")],
-                                                  "CPU utilisation (100 % = one core)", "%"),
-                          key="tele_cpu")
+        draw_chart(
+            container=left,
+            figure=charts.telemetry_figure(
+                frame, [("cpu_pct", "worker CPU %")], "CPU utilisation (100 % = one core)", "%"
+            ),
+            key="tele_cpu",
+        )
         unit = memory_unit([frame["rss_bytes"].max()])
         rss = frame.assign(rss_in_unit=frame["rss_bytes"] / MEMORY_UNITS[unit])
         draw_chart(container=right, figure=charts.telemetry_figure(

@@ -26,15 +26,30 @@ MIB = 2**20
 
 
 def _result(low, high, speedup=1.5, busy=False, mem=(400 * MIB, 300 * MIB)):
-    return {"baseline": "fp32", "contention": {"busy": busy},
-            "modes": {"fp32": {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "peak_mem_bytes": mem[0]},
-                      "bf16-amp": {"speedup": speedup, "ci_low": low, "ci_high": high,
-                                   "peak_mem_bytes": mem[1]}}}
+    return {
+        "baseline": "fp32",
+        "contention": {"busy": busy},
+        "modes": {
+            "fp32": {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "peak_mem_bytes": mem[0]},
+            "bf16-amp": {
+                "speedup": speedup,
+                "ci_low": low,
+                "ci_high": high,
+                "peak_mem_bytes": mem[1],
+            },
+        },
+    }
 
 
 def test_a_requirement_reads_mode_operator_and_ratio():
     req = parse_requirement(" bf16-amp >= 1.3 ", SPEED)
-    assert (req.kind, req.mode, req.op, req.bound, req.text) == (SPEED, "bf16-amp", ">=", 1.3, "bf16-amp>=1.3")
+    assert (req.kind, req.mode, req.op, req.bound, req.text) == (
+        SPEED,
+        "bf16-amp",
+        ">=",
+        1.3,
+        "bf16-amp>=1.3",
+    )
     assert parse_requirement("fp32 (2)<=0.8", MEMORY).mode == "fp32 (2)"
 
 
@@ -51,7 +66,9 @@ def test_an_unreadable_requirement_names_the_flag_the_text_and_the_form(text, wo
 def test_a_requirement_on_the_baseline_or_an_absent_mode_is_refused_before_the_check():
     with pytest.raises(RequirementError, match="'fp32' is the baseline; require one of bf16-amp"):
         check_modes([parse_requirement("fp32>=1", SPEED)], ["fp32", "bf16-amp"])
-    with pytest.raises(RequirementError, match="--require-mem 'fp16-amp<=0.8': 'fp16-amp' is not a mode"):
+    with pytest.raises(
+        RequirementError, match="--require-mem 'fp16-amp<=0.8': 'fp16-amp' is not a mode"
+    ):
         check_modes([parse_requirement("fp16-amp<=0.8", MEMORY)], ["fp32", "bf16-amp"])
 
 
@@ -77,7 +94,10 @@ def test_one_failure_fails_the_gate_even_beside_an_inconclusive_one():
     verdict = gate(reqs, _result(1.2, 1.4))  # speed straddles; memory 0.75 > 0.5 fails
     assert verdict["exit_code"] == GATE_FAIL and verdict["verdict"] == "failed"
     lines = gate_lines(verdict)
-    assert lines[1] == "gate: bf16-amp<=0.5: fail (peak memory 0.750x the baseline's (300.0 vs 400.0 MiB))"
+    assert (
+        lines[1]
+        == "gate: bf16-amp<=0.5: fail (peak memory 0.750x the baseline's (300.0 vs 400.0 MiB))"
+    )
     assert lines[-1] == "gate: failed (exit 1)"
 
 
@@ -128,7 +148,10 @@ def test_the_cli_gate_exits_0_1_and_3_under_a_hog(cli):
 @pytest.mark.slow
 def test_the_cli_refuses_a_bad_requirement_before_launching(cli, store):
     proc = cli("speedup", "--model", "mlp", "--precisions", "fp32,bf16-amp", "--require", "bf16>=1")
-    assert proc.returncode == 2 and "--require 'bf16>=1': 'bf16' is not a mode of this check" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "--require 'bf16>=1': 'bf16' is not a mode of this check" in proc.stderr
+    )
     assert store.list_runs() == []
 
 

@@ -15,9 +15,9 @@ from streamlit.testing.v1 import AppTest
 from bench._hog import cpu_hog
 from engine.analysis.compare import summary_table
 from engine.analysis.findings import findings
+from engine.display import ratio_text
 from engine.report.html import build_html
 from engine.schema import FINAL_STATUSES
-from engine.display import ratio_text
 from engine.store import Store
 from tests.chart_support import chart_specs
 

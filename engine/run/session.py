@@ -479,7 +479,9 @@ def run_trainer(run_id: str, store: Store) -> int:
         print(f"[trainer] run {run_id} is {run.status}, not running; nothing to do", flush=True)
         return 0
     if run.config_error:  # the supervisor refuses these; a stale standby hand-off must too
-        store.set_status(run_id, FAILED, f"{run.config_error}; re-launch the run with a valid config")
+        store.set_status(
+            run_id, FAILED, f"{run.config_error}; re-launch the run with a valid config"
+        )
         return 1
     try:
         import torch  # noqa: F401 - here, so a memory cap too small for PyTorch is named
