@@ -536,7 +536,7 @@ def test_your_workload_bound_by_why_b_is_faster_and_a_speedup_check_in_the_brows
         goto(page, f"{server.url}/", TITLES[""])
         choose(page, "device", lambda text: text.startswith("cpu:"))
         choose(page, "model", "mlp")
-        set_number(page, "speedup_budget_s", 6)
+        set_number(page, "speedup_budget_s", 20)
         page.get_by_role("button", name="Run speedup check", exact=True).click()
         page.wait_for_url(LIVE_URL, timeout=30_000)
         wait_for(lambda: any(t.startswith("Speedup vs fp32 (95 % interval)")
@@ -634,7 +634,7 @@ def test_an_aa_check_from_the_form_under_load_is_inconclusive_on_every_surface(
     goto(page, f"{server.url}/", TITLES[""])
     choose(page, "device", lambda text: text.startswith("cpu:"))
     choose(page, "model", "mlp")
-    set_number(page, "speedup_budget_s", 6)
+    set_number(page, "speedup_budget_s", 20)
     with cpu_hog(processes=2):
         page.get_by_role("button", name="A/A check (fp32 vs itself)", exact=True).click()
         page.wait_for_url(LIVE_URL, timeout=30_000)
