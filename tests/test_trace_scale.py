@@ -499,3 +499,17 @@ def test_a_set_on_ray_refuses_a_client_address_before_anything_starts():
         analyze_set_on_ray(members, "ray://head:10001")
     with pytest.raises(ConfigError, match="HOST:PORT"):
         analyze_set_on_ray(members, "no-port")
+
+
+OTHER_KINDS = sorted((TRACES / "other_kinds").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("path", REAL + OTHER_KINDS, ids=lambda p: p.name)
+def test_every_real_trace_decodes_on_the_typed_path(path, monkeypatch):
+    """No piece of a real trace falls back to event-by-event judging: a field type the typed
+    structs refuse (a Raw in a union) made every piece slow, unseen by the results."""
+    def refuse(objects, kept):
+        raise AssertionError(f"{path.name}: a piece fell back to the plain path")
+
+    monkeypatch.setattr(trace_reader, "_judged_one_by_one", refuse)
+    _parse_trace(path)

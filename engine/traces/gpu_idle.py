@@ -20,8 +20,6 @@ Pure functions over engine.traces.parser.ParsedTrace; no pandas.
 
 from __future__ import annotations
 
-import bisect
-import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -46,12 +44,11 @@ def _stream_kernels(trace: ParsedTrace) -> dict[Any, list[tuple[float, float, fl
     by_stream: dict[Any, list] = defaultdict(list)
     if table.empty:
         return by_stream
+    get = launch_start.get
     for stream, start, dur, correlation in zip(table["stream"], table["ts_us"],
                                                table["dur_us"], table["correlation"]):
-        by_stream[stream].append((start, start + dur, launch_start.get(correlation)))
-    for kernels in by_stream.values():
-        kernels.sort()
-    return by_stream
+        by_stream[stream].append((start, start + dur, get(correlation)))
+    return by_stream  # the kernel table is sorted by start: so is every stream's list
 
 
 def _gap_causes(kernels: list, lo: float, hi: float, threshold_us: float) -> dict[str, float]:
@@ -76,17 +73,29 @@ def _queue_lengths(kernels: list, lo: float, hi: float) -> list[int]:
     launched = sorted(launch for _start, _end, launch in kernels if launch is not None)
     ended = sorted(end for _start, end, launch in kernels if launch is not None)
     lengths = []
+    done = 0  # kernels ended by the current launch: a merge walk, both lists sorted
+    total_ended = len(ended)
     for index, time_us in enumerate(launched):
+        while done < total_ended and ended[done] <= time_us:
+            done += 1
         if lo <= time_us <= hi:
-            lengths.append(index + 1 - bisect.bisect_right(ended, time_us))
+            lengths.append(index + 1 - done)
     return lengths
 
 
-def _percentile(values: list[float], share: float) -> float | None:
-    if not values:
+def _percentile(ordered: list[float], share: float) -> float | None:
+    """The `share` quantile of a sorted list (nearest rank below)."""
+    if not ordered:
         return None
-    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _median_sorted(ordered: list) -> float | None:
+    """statistics.median of a list already sorted (a million delays are sorted once)."""
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def stream_idle(trace: ParsedTrace, lo: float, hi: float,
@@ -101,19 +110,19 @@ def stream_idle(trace: ParsedTrace, lo: float, hi: float,
             continue
         causes = _gap_causes(inside, lo, hi, threshold_us)
         idle = sum(causes.values())
-        queue = _queue_lengths(kernels, lo, hi)
-        delays = [start - launch for start, _end, launch in inside
-                  if launch is not None and start >= launch]
-        median_queue = statistics.median(queue) if queue else None
+        queue = sorted(_queue_lengths(kernels, lo, hi))
+        delays = sorted(start - launch for start, _end, launch in inside
+                        if launch is not None and start >= launch)
+        median_queue = _median_sorted(queue)
         host_share = causes["host_wait_us"] / idle if idle else None
         rows.append({
             "stream": stream, "idle_us": _us(idle),
             **{key: _us(value) for key, value in causes.items()},
             "host_wait_share": host_share,
-            "queue_max": max(queue) if queue else None, "queue_p50": median_queue,
-            "launch_delay_p50_us": _us(statistics.median(delays)) if delays else None,
+            "queue_max": queue[-1] if queue else None, "queue_p50": median_queue,
+            "launch_delay_p50_us": _us(_median_sorted(delays)) if delays else None,
             "launch_delay_p95_us": _us(_percentile(delays, 0.95)) if delays else None,
-            "launch_delay_max_us": _us(max(delays)) if delays else None,
+            "launch_delay_max_us": _us(delays[-1]) if delays else None,
             "launch_bound": bool(host_share is not None and median_queue is not None
                                  and host_share > LAUNCH_BOUND_HOST_SHARE
                                  and median_queue <= LAUNCH_BOUND_MEDIAN_QUEUE),

@@ -60,6 +60,7 @@ from engine.traces.events import (
     _ShapedOp,
     _Span,
     _stream,
+    _time,
     collective_fields,
     compact_dict,
 )
@@ -74,13 +75,18 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # written as text) fails the piece's typed decode, and that piece is judged field by field
 # by compact_dict instead. gc=False: the structs hold no cycles, so the collector need not
 # track millions of them (it was half the decode time).
+# An absent Raw field: one shared empty value (a default_factory made 8 objects per event).
+_NO_RAW = msgspec.Raw()
+
+
 class _Args(msgspec.Struct, gc=False):
     correlation: int | str | None = None
     external_id: int | str | None = msgspec.field(default=None, name="External id")
     external_id_lower: int | str | None = msgspec.field(default=None, name="external id")
     device: int | str | None = None
     stream: int | str | None = None
-    size: int | float | None = msgspec.field(default=None, name="bytes")
+    # text in some ROCm traces ("bytes": "4096"): read as the plain path reads it
+    size: int | float | str | None = msgspec.field(default=None, name="bytes")
     ffma: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[0])
     fadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[1])
     fmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[2])
@@ -91,15 +97,16 @@ class _Args(msgspec.Struct, gc=False):
     dadd: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[7])
     dmul: int | float | None = msgspec.field(default=None, name=RANGE_COUNTERS[8])
     # a collective's kernel (Kineto copies record_param_comms' args): Raw, decoded only there
-    collective: msgspec.Raw | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: msgspec.Raw | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: msgspec.Raw | None = msgspec.field(default=None, name="Out msg nelems")
-    group_size: msgspec.Raw | None = msgspec.field(default=None, name="Group size")
-    dtype: msgspec.Raw | None = None
+    collective: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Collective name")
+    in_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In msg nelems")
+    out_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out msg nelems")
+    group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
+    dtype: msgspec.Raw = msgspec.field(default=_NO_RAW)
     # Raw: skipped inside the decoder, decoded only for the ops in SHAPED_OPS
-    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
-    input_types: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
-    concrete_inputs: msgspec.Raw | None = msgspec.field(default=None, name="Concrete Inputs")
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw,
+                                                  name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -130,8 +137,10 @@ def _keep_foreign(event: "_Event", kept: "Kept") -> None:
          args.dadd, args.dmul]))))
 
 
-def _raw_value(raw: msgspec.Raw | None) -> Any:
-    return None if raw is None else msgspec.json.decode(raw)
+def _raw_value(raw: msgspec.Raw) -> Any:
+    """A Raw field's value; an absent field is an empty Raw (msgspec cannot put Raw in a
+    union with None: a union there refuses every value but null, and the typed path fails)."""
+    return msgspec.json.decode(raw) if len(raw) else None
 
 
 class _Fallback(Exception):
@@ -193,7 +202,7 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
                 else args.external_id_lower
             kernels(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
                             _stream(args.stream, tid), args.device)))
-            if args.collective is not None and args.correlation is not None:
+            if len(args.collective) and args.correlation is not None:
                 fields = collective_fields([_raw_value(raw) for raw in (
                     args.collective, args.in_nelems, args.out_nelems, args.group_size,
                     args.dtype)])
@@ -204,16 +213,16 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
                 else args.external_id_lower
             op = _CpuOp((name, ts, ts + dur, pid, tid, external))
             ops(op)
-            if name in SHAPED_OPS and args.input_dims is not None:
+            if name in SHAPED_OPS and len(args.input_dims):
                 shaped = _shaped(op, _raw_value(args.input_dims), _raw_value(args.input_types),
                                  _raw_value(args.concrete_inputs))
                 if type(shaped) is _ShapedOp:
                     kept.shaped_ops.append(shaped)
         elif category in COPY_EVENT_CATEGORIES:
-            size = args.size
+            size = _time(args.size)
             kind = "memset" if "memset" in category.lower() else "memcpy"
             kept.copies.append(_Copy((name, ts, dur, _stream(args.stream, tid), args.device,
-                          int(size) if _ok_time(size) and size >= 0 else None, kind,
+                          int(size) if size is not None and size >= 0 else None, kind,
                           args.correlation)))
         else:
             kept.spans.append(_Span((name, ts, ts + dur, pid, tid)))
