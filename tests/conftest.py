@@ -395,3 +395,18 @@ def ready_standby(store, monkeypatch, wait_for):
         cmdline = proc.info["cmdline"] or []
         if "engine.run.standby" in cmdline and str(store.home) in cmdline:
             proc.kill()
+
+
+# A 2 MiB tmpfs: a disk that fills (tests/test_full_disk.py, test_reliability_disk.py).
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -5,8 +5,6 @@ reason elsewhere), filled while the run trains."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from engine.config import RunConfig
@@ -17,20 +15,6 @@ from engine.store import Store
 pytestmark = pytest.mark.slow
 
 DISK_FULL = "the data directory's disk is full"
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def _fill(directory) -> None:
