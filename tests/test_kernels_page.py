@@ -224,3 +224,43 @@ def test_one_profiler_step_can_be_picked_and_the_figures_follow(store):
     assert any("cover the kernels of ProfilerStep#5" in c.value for c in at.caption)
     at.selectbox(key="kernels_step").set_value(None).run()
     assert {m.label: m.value for m in at.metric} == whole
+
+
+# --- per-op rates, the roofline and the rates' witness; traces of other kinds ---------
+
+def _text(element) -> str:
+    """An element's text as a person reads it: Markdown escapes removed."""
+    return element.value.replace("\\", "")
+
+
+def test_mi300x_run_shows_matrix_cores_yes_and_its_per_op_rates(store):
+    at = _kernels_page(_gpu_run(store, "mi300_qwen_tracelens.json.gz", "bf16-amp"), False)
+    assert any("Matrix Cores (AMD MFMA): yes" in _text(box) for box in at.success)
+    assert any(
+        _text(box).startswith("The rates confirm the kernel names: aten::mm 8944x1024x2816 bf16")
+        for box in at.success
+    )
+    table = next(frame.value for frame in at.dataframe if "TFLOP/s" in frame.value.columns)
+    big = table[table["shape"] == "8944x2816x1024"].iloc[0]
+    assert big["op"] == "aten::mm" and big["calls"] == 48 and big["bound"] == "compute"
+    assert 455 < big["TFLOP/s"] < 480  # TraceLens: 466.82
+    assert any("roofline" in str(spec.get("layout", {}).get("title", ""))
+               for spec in chart_specs(at))
+
+
+def test_a_trace_without_shapes_says_how_to_record_them(store):
+    at = _kernels_page(_gpu_run(store, "gp100_pascal_hta.json.gz", "bf16-amp"), False)
+    assert any("record_shapes=True" in _text(caption) for caption in at.caption)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("a100_cupti_range_profiler_hta.json.gz", "Tensor Cores (from SASS counters): partly"),
+    ("mtia_single_rank_hta.json.gz", "A Meta MTIA trace")], ids=["range", "mtia"])
+def test_traces_of_other_kinds_are_named_never_a_cpu_run(store, name, words):
+    at = _kernels_page(_gpu_run(store, f"other_kinds/{name}", "bf16-amp"), False)
+    shown = " ".join(_text(box) for box in [*at.success, *at.warning, *at.info, *at.error])
+    assert words in shown and "CPU run" not in shown.replace("not a CPU run", "")
+    assert "CUPTI probably failed" not in shown
+    if name.startswith("a100_cupti"):  # the counters per matrix kernel, as a table
+        table = next(f.value for f in at.dataframe if "counters say" in f.value.columns)
+        assert set(table["counters say"]) == {"yes", "no"}
