@@ -31,6 +31,7 @@ from typing import Any
 
 from bench._common import REPO_ROOT, machine_info, print_table, spread
 from bench._hog import cpu_hog
+from engine.analysis.speedup import mode_row
 
 AA_HALF_WIDTH_PCT = 5.0
 
@@ -84,7 +85,7 @@ def _stop_runs(home: Path) -> None:
 
 
 def _mode(result: dict[str, Any], label: str) -> dict[str, Any]:
-    return result["modes"][label]
+    return mode_row(result, label)
 
 
 def bench(home: Path, workload: list[str], budget_s: float, repeats: int,

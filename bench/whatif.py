@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO_ROOT, machine_info, print_table
+from engine.analysis.speedup import mode_row
 
 DEFAULT_WORKLOADS = "mlp:small:64,gpt:tiny:8,resnet:tiny:16"
 
@@ -79,7 +80,7 @@ def one_workload(home: Path, spec: str, device: str, budget_s: float, steps: int
     projected = _projected(home, run["run_id"])
     check = _engine(home, "speedup", *workload, "--precisions", "fp32,bf16-amp",
                     "--budget-s", str(budget_s), timeout_s=budget_s * 4 + 600)
-    measured = check["modes"]["bf16-amp"]
+    measured = mode_row(check, "bf16-amp")
     error_pct = (100.0 * (projected["speedup"] / measured["speedup"] - 1.0)
                  if projected.get("speedup") and measured.get("speedup") else None)
     return {"workload": spec, "projected_speedup": projected.get("speedup"),

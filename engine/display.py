@@ -31,6 +31,17 @@ LOSS_DECIMALS = 4
 THROUGHPUT_DECIMALS = 1
 STEP_TIME_DECIMALS = 2  # CPU MLP steps take 1-3 ms: one decimal would hide a 4 % change
 
+# Two memory figures, two names, on every surface (engine.training.memory): the bytes
+# tensors held at the step's peak, and what the process held (CPU: peak resident set;
+# CUDA: the allocator's peak reserved bytes).
+TENSOR_PEAK_NAME = "tensor peak"
+PROCESS_PEAK_NAME = "process peak"
+# The tensor peak's split (engine.training.memory.memory_by_kind): key, words.
+MEMORY_KINDS = (("parameters_bytes", "parameters"), ("gradients_bytes", "gradients"),
+                ("optimizer_state_bytes", "optimizer state"),
+                ("master_copies_bytes", "fp32 master copies"),
+                ("rest_bytes", "activations, autocast cache, workspace"))
+
 # The same digits for a sortable grid column (Streamlit's NumberColumn takes printf).
 LOSS_PRINTF = f"%.{LOSS_DECIMALS}f"
 THROUGHPUT_PRINTF = f"%.{THROUGHPUT_DECIMALS}f"
@@ -69,6 +80,22 @@ def memory_text(value_bytes: object, unit: str | None = None, with_unit: bool = 
     unit = unit or memory_unit([value_bytes])
     number = f"{float(value_bytes) / MEMORY_UNITS[unit]:,.{MEMORY_DECIMALS[unit]}f}"
     return f"{number} {unit}" if with_unit else number
+
+
+def memory_split_text(split: object) -> str:
+    """A tensor peak's split (engine.training.memory.memory_by_kind) in one unit:
+    "parameters 0.3 MiB; gradients 0.3 MiB; ..."; a kind that holds nothing (no fp32
+    master copies) is left out; "n/a" when there is no split."""
+    if not isinstance(split, dict) or not measured(split.get("peak_bytes")):
+        return NA
+    unit = memory_unit([split["peak_bytes"]])
+    parts = []
+    for key, words in MEMORY_KINDS:
+        value = split.get(key)
+        if measured(value) and (value or key != "master_copies_bytes"):
+            parts.append(f"{words} {float(value) / MEMORY_UNITS[unit]:,.{MEMORY_DECIMALS[unit]}f}"
+                         f" {unit}")
+    return "; ".join(parts) or NA
 
 
 def loss_text(loss: object) -> str:

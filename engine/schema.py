@@ -138,7 +138,14 @@ class RunSummary(TypedDict, total=False):
     throughput_basis: str
     tokens_per_s: float | None
     step_time_ms: float | None
+    # the memory chart's peak: CUDA: the tensor peak; CPU: the process peak (peak RSS)
     peak_mem_bytes: int | None
+    # engine.training.memory: the two peaks by name, the tensor peak's split, and why the
+    # tensor peak is missing (a CPU run with fewer than 2 warm-up steps)
+    tensor_peak_bytes: int | None
+    process_peak_bytes: int | None
+    memory_by_kind: dict[str, Any] | None
+    tensor_peak_note: str | None
     loss_scale_final: float | None  # fp16-amp with a GradScaler only
     skipped_steps: int
     flops_per_step: float | None

@@ -27,7 +27,7 @@ from engine.config import ConfigError
 from engine.display import NA
 from engine.presets import NUMERICS_DEMO_BASE as DEMO
 from engine.presets import launch_many, numerics_demo_configs
-from engine.report.figures import X_STEP, X_WALL, comparison_figures
+from engine.report.figures import X_STEP, X_WALL, comparison_figures, memory_split_figure
 from engine.report.html import build_html
 from engine.run.launcher import reconcile
 from engine.traces.explain import differs_words, explain_runs, parts_rows
@@ -193,6 +193,12 @@ col_a, col_b = st.columns(2)
 draw_chart(container=col_a, figure=figures["loss"], key="compare_chart_loss")
 draw_chart(container=col_b, figure=figures["throughput"], key="compare_chart_throughput")
 draw_chart(container=col_a, figure=figures["memory"], key="compare_chart_memory")
+# What holds each run's tensor peak (engine.training.memory): where a precision saves memory.
+split_figure = memory_split_figure([(names[row["run_id"]], row["memory_by_kind"])
+                                    for row in table.to_dict("records")
+                                    if row.get("memory_by_kind")])
+if split_figure is not None:
+    draw_chart(container=col_b, figure=split_figure, key="compare_chart_memory_split")
 
 st.subheader("Summary")
 st.caption("Medians over steady-state steps (warm-up and profiler-window steps excluded). "

@@ -19,6 +19,7 @@ from engine.analysis.live import (
     ledger_sentence,
     live_headline,
 )
+from engine.analysis.memory_peaks import memory_peaks, memory_words
 from engine.analysis.stall import stall_of, stall_words
 from engine.analysis.whatif import summary_projection
 from engine.display import (
@@ -202,7 +203,7 @@ def status_block(run) -> None:
 def headline_metrics(run, frame: pd.DataFrame) -> None:
     summary = run.summary
     last = frame.iloc[-1] if len(frame) else None
-    head = live_headline(summary, run.config.model, frame)
+    head = live_headline(summary, run.config.model, frame, run.device_key)
     cols = st.columns(5)
     cols[0].metric("Loss", loss_text(None if last is None else last["loss"]),
                    help="Latest logged loss (fp32, whatever the mode)")
@@ -215,8 +216,10 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     busy = busy_words(summary, frame)
     if busy:
         st.warning(busy)
-    cols[3].metric("Peak memory", memory_text(head.peak_mem_bytes),
-                   help="CUDA: peak allocated. CPU: peak resident set size of the process")
+    logged = float(frame["mem_peak_bytes"].max()) if "mem_peak_bytes" in frame else None
+    memory = memory_words(memory_peaks(summary, run.device_key, logged), run.device_key)
+    cols[3].metric(head.peak_name.capitalize(), memory_text(head.peak_mem_bytes),
+                   help=plain(memory))
     # The tile is chosen by whether a peak is known (fixed before the first step), not by
     # whether a value has arrived yet, so it does not flip between the two while running.
     # Always MFU (the same tile on every run): n/a with the achieved TFLOP/s in its help
@@ -233,6 +236,7 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     both = both_mfu_words(summary)  # the datasheet's and the measured one, each named
     if both:
         st.caption(plain(both))
+    st.caption(plain(memory))  # both memory peaks by name, the tensor peak's split
 
 
 def data_wait_line(run, frame: pd.DataFrame) -> None:

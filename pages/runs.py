@@ -21,6 +21,8 @@ from engine.config import ConfigError, ModelName, Precision, choices
 from engine.display import (
     LOSS_PRINTF,
     NA,
+    PROCESS_PEAK_NAME,
+    TENSOR_PEAK_NAME,
     THROUGHPUT_PRINTF,
     memory_printf,
     memory_unit,
@@ -86,13 +88,16 @@ if len(table):
     table["status"] = [status_badge(s) for s in table["status"]]
     table["archived"] = ["archived" if a else "" for a in table["archived"]]
 # One memory unit for the column (MiB, or GiB once a run reaches 1 GiB), in the header.
-memory_column_unit = memory_unit(table["peak_mem_bytes"])
-table["peak_memory"] = [memory_value(v, memory_column_unit) for v in table["peak_mem_bytes"]]
-for column in ("duration_s", "throughput", "peak_memory", "final_loss", "mfu_pct"):
+# The two peaks by name (engine.analysis.memory_peaks), in one unit.
+memory_column_unit = memory_unit([*table["tensor_peak_bytes"], *table["process_peak_bytes"]])
+for name in ("tensor_peak", "process_peak"):
+    table[name] = [memory_value(v, memory_column_unit) for v in table[f"{name}_bytes"]]
+for column in ("duration_s", "throughput", "tensor_peak", "process_peak", "final_loss",
+               "mfu_pct"):
     table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN: the grid's "n/a"
 # What a person scans at 1280 px; the label carries model, precision and batch size.
-MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "peak_memory", "final_loss",
-                "mfu", "created"]
+MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "tensor_peak", "process_peak",
+                "final_loss", "mfu", "created"]
 MORE_COLUMNS = ["run_id", "device", "model", "precision", "batch_size", "duration_s", "tags",
                 "note", "reason"]
 with st.expander("More columns"):
@@ -135,8 +140,16 @@ event = st.dataframe(
             "throughput", format=THROUGHPUT_PRINTF,
             help="Median over steady-state steps: the same figure as on Live, Compare, the "
                  "report and the CLI"),
-        "peak_memory": st.column_config.NumberColumn(f"peak mem ({memory_column_unit})",
-                                                     format=memory_printf(memory_column_unit)),
+        "tensor_peak": st.column_config.NumberColumn(
+            f"{TENSOR_PEAK_NAME} ({memory_column_unit})",
+            format=memory_printf(memory_column_unit),
+            help="Bytes held by tensors at the step's peak (a CPU run: its last warm-up "
+                 "step, profiled)"),
+        "process_peak": st.column_config.NumberColumn(
+            f"{PROCESS_PEAK_NAME} ({memory_column_unit})",
+            format=memory_printf(memory_column_unit),
+            help="CPU: the process's peak resident set; GPU: the allocator's peak reserved "
+                 "memory"),
         "final_loss": st.column_config.NumberColumn("final loss", format=LOSS_PRINTF),
         "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.1f"),
         "mfu": st.column_config.TextColumn("MFU"),

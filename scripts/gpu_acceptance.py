@@ -327,11 +327,11 @@ def _telemetry_words(tele: dict, summary: dict) -> str | None:
 
 
 def _speedup_section(part: Part) -> str:
-    modes = part.data.get("modes") or {}
-    rows = [[label, m.get("median_step_ms"), m.get("speedup"),
+    modes = part.data.get("modes") or []  # `speedup --json`: a list, baseline first
+    rows = [[m.get("mode"), m.get("median_step_ms"), m.get("speedup"),
              f"{m['ci_low']:.3f}-{m['ci_high']:.3f}" if m.get("ci_low") is not None else None,
              m.get("verdict"), m.get("words") or m.get("verdict_reason")]
-            for label, m in modes.items()]
+            for m in modes]
     head = "## Speedup check\n\n"
     if not rows:
         return head + f"not available: {part.error or 'no modes in the result'}"

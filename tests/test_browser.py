@@ -628,6 +628,7 @@ def test_an_aa_check_from_the_form_under_load_is_inconclusive_on_every_surface(
     check's forest plot, table and text in the browser, Compare, the HTML report and the
     CLI's JSON all say "inconclusive" and none states a difference."""
     from bench._hog import cpu_hog
+    from engine.analysis.speedup import mode_row
     from engine.cli.speedup import check_result, format_result
     from engine.report.html import build_html
 
@@ -671,7 +672,7 @@ def test_an_aa_check_from_the_form_under_load_is_inconclusive_on_every_surface(
     report = build_html(store, [run_id])
     assert "inconclusive: the machine was busy" in report and not _CLAIM.search(report)
     result = check_result(run_id, store)
-    twin = result["modes"]["fp32 (2)"]
+    twin = mode_row(result, "fp32 (2)")
     assert twin["verdict"] == "inconclusive" and twin["significant"] is False
     assert twin["verdict_reason"] == "the machine was busy during the check"
     assert not _CLAIM.search(format_result(result))

@@ -19,7 +19,8 @@ from engine.store import Store
 TINY = ["--size", "tiny", "--batch-size", "8", "--no-profile", "--device", "cpu"]
 RUN_JSON_KEYS = {"run_id": str, "status": str, "steps_completed": int, "first_loss": float,
                  "final_loss": float, "samples_per_s": float, "peak_mem_bytes": int,
-                 "skipped_steps": int, "device": str}
+                 "skipped_steps": int, "device": str, "tensor_peak_bytes": int,
+                 "process_peak_bytes": int, "memory_by_kind": dict}
 
 
 def last_json(stdout: str):
@@ -72,6 +73,10 @@ def test_run_json_fp32_reports_every_field_and_is_recorded(foreground_runs):
     assert summary["skipped_steps"] == 0 and summary["device"] == "cpu"
     assert summary["final_loss"] < summary["first_loss"]
     assert summary["samples_per_s"] > 0 and summary["peak_mem_bytes"] > 0
+    # two peaks by name: a CPU run's chart peak is its process peak; the tensors' is less
+    assert summary["process_peak_bytes"] == summary["peak_mem_bytes"]
+    assert 0 < summary["tensor_peak_bytes"] < summary["process_peak_bytes"]
+    assert summary["memory_by_kind"]["peak_bytes"] == summary["tensor_peak_bytes"]
     # recorded in the store like any other run
     store = Store(home)
     run = store.get_run(summary["run_id"])

@@ -241,7 +241,8 @@ def test_page_handles_a_run_without_metrics_and_a_single_run(home):
     table = at.dataframe[1].value.set_index("run id")
     assert table.loc[queued, "timing basis"] == "none"
     assert table.loc[queued, "throughput x"] == "n/a"  # never "None" or "nan"
-    assert table.loc[queued, "peak memory (MiB)"] == "n/a"
+    assert table.loc[queued, "tensor peak (MiB)"] == "n/a"
+    assert table.loc[queued, "process peak (MiB)"] == "n/a"
     assert any("still queued" in c.value for c in at.caption)
     at.multiselect(key="compare_runs").set_value([done]).run()
     assert not at.exception, at.exception

@@ -152,7 +152,7 @@ def test_bf16_pure_holds_half_the_weights_gradients_and_optimizer_state():
     import torch
 
     from engine.training.loop import Trainer
-    from engine.training.speedup import memory_by_kind
+    from engine.training.memory import memory_by_kind
 
     kinds = {}
     for precision in ("fp32", "bf16-pure"):

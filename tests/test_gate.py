@@ -29,15 +29,17 @@ def _result(low, high, speedup=1.5, busy=False, mem=(400 * MIB, 300 * MIB)):
     return {
         "baseline": "fp32",
         "contention": {"busy": busy},
-        "modes": {
-            "fp32": {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "peak_mem_bytes": mem[0]},
-            "bf16-amp": {
+        "modes": [  # the shape `speedup --json` prints: a list, baseline first
+            {"mode": "fp32", "speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
+             "peak_mem_bytes": mem[0]},
+            {
+                "mode": "bf16-amp",
                 "speedup": speedup,
                 "ci_low": low,
                 "ci_high": high,
                 "peak_mem_bytes": mem[1],
             },
-        },
+        ],
     }
 
 

@@ -69,7 +69,7 @@ def test_the_cpu_quick_mode_writes_a_complete_report(tmp_path, blocked_ui_packag
             assert f"| {model} {mode} | finished |" in text
     assert parts["check"]["ok"] and parts["check"]["data"]["lines"]
     speedup = parts["speedup check"]["data"]["modes"]
-    assert list(speedup)[:2] == ["fp32", "bf16-amp"]
+    assert [row["mode"] for row in speedup][:2] == ["fp32", "bf16-amp"]
     assert parts["ddp 2 processes"]["data"]["skipped"].startswith("0 GPU(s) here")
     assert psutil.Process().children(recursive=True) == []
 

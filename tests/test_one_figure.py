@@ -32,14 +32,21 @@ from engine.report.html import build_html
 from engine.store import Store
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
+# process peaks (a CPU run's peak resident set) and tensor peaks: two figures, two names
 PEAK_BYTES = {"fp32": 734_003_200, "bf16-amp": 1_288_490_189}  # 700.0 MiB, 1.20 GiB
+TENSOR_BYTES = {"fp32": 209_715_200, "bf16-amp": 157_286_400}  # 200.0 MiB, 150.0 MiB
+SPLIT = {"parameters_bytes": 50 * 2**20, "gradients_bytes": 50 * 2**20,
+         "optimizer_state_bytes": 0, "master_copies_bytes": 0, "rest_bytes": 50 * 2**20,
+         "peak_bytes": TENSOR_BYTES["bf16-amp"], "counted_exceeds_peak": False}
 
 
 @pytest.fixture
 def two_runs(home):
     store = Store(home)
-    ids = [record_run(store, tiny_config(mode), {"peak_mem_bytes": PEAK_BYTES[mode]})
-           for mode in ("fp32", "bf16-amp")]
+    ids = [record_run(store, tiny_config(mode), {
+        "peak_mem_bytes": PEAK_BYTES[mode], "process_peak_bytes": PEAK_BYTES[mode],
+        "tensor_peak_bytes": TENSOR_BYTES[mode], "memory_by_kind": SPLIT})
+        for mode in ("fp32", "bf16-amp")]
     return store, ids
 
 
@@ -49,7 +56,8 @@ def _expected(store: Store, run_id: str) -> dict[str, str]:
         "loss": loss_text(s["final_loss"]),
         "throughput": throughput_text(s["samples_per_s"]),
         "step_time": step_time_text(s["step_time_ms"]),
-        "memory": memory_text(s["peak_mem_bytes"]),
+        "memory": memory_text(s["process_peak_bytes"]),
+        "tensor": memory_text(s["tensor_peak_bytes"]),
         "mfu": mfu_text(s.get("mfu")),
     }
 
@@ -84,7 +92,11 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     assert tiles["Loss"] == want["loss"]
     assert tiles["Samples/s"] == want["throughput"]
     assert tiles["Step time"] == want["step_time"]
-    assert tiles["Peak memory"] == want["memory"]
+    assert tiles["Process peak"] == want["memory"]  # the CPU's tile: the chart's figure
+    # the other peak, by its name, with its split, under the tiles
+    captions = [c.value.replace("\\", "") for c in at.caption]  # Markdown escapes off
+    assert any(f"Tensor peak {want['tensor']} (parameters 50.0 MiB; gradients 50.0 MiB"
+               in c for c in captions), captions
 
     # Compare: the summary's strings are the same formatters' (memory in the column's unit).
     at.query_params["runs"] = f"{base_id},{run_id}"
@@ -97,8 +109,11 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     row = main[main["run"] == name].iloc[0]
     unit = memory_unit(PEAK_BYTES.values())
     assert unit == "GiB"
-    assert row[f"peak memory ({unit})"] == memory_text(
+    assert row[f"process peak ({unit})"] == memory_text(
         PEAK_BYTES["bf16-amp"], unit, with_unit=False
+    )
+    assert row[f"tensor peak ({unit})"] == memory_text(
+        TENSOR_BYTES["bf16-amp"], unit, with_unit=False
     )
     assert row["final loss"] == want["loss"]
     assert row["MFU"] == want["mfu"]
@@ -112,7 +127,9 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     grid = at.dataframe[0].value.set_index("run_id")  # the data: shown columns or not
     assert LOSS_PRINTF % grid.loc[run_id, "final_loss"] == want["loss"]
     assert THROUGHPUT_PRINTF % grid.loc[run_id, "throughput"] == want["throughput"].replace(",", "")
-    assert f"{memory_printf(unit) % grid.loc[run_id, 'peak_memory']} {unit}" == want["memory"]
+    assert f"{memory_printf(unit) % grid.loc[run_id, 'process_peak']} {unit}" == want["memory"]
+    assert (f"{memory_printf(unit) % grid.loc[run_id, 'tensor_peak']} {unit}"
+            == memory_text(TENSOR_BYTES["bf16-amp"], unit))
 
     # The HTML report: the same cells as Compare's full table.
     cells = _report_row(build_html(store, [base_id, run_id], base_id), run_id)
@@ -125,7 +142,8 @@ def test_the_same_run_reads_the_same_on_every_surface(two_runs, capsys):
     assert cli_main(["show", run_id]) == 0
     shown = capsys.readouterr().out
     assert f"final loss         {want['loss']}" in shown
-    assert f"peak memory        {want['memory']}" in shown
+    assert f"process peak       {want['memory']}" in shown
+    assert f"tensor peak        {want['tensor']}" in shown
     assert f"step time          {want['step_time']}" in shown
     assert f"throughput         {want['throughput']} samples/s" in shown
     assert "None" not in shown

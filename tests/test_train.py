@@ -62,6 +62,16 @@ def test_loss_falls_within_30_steps(model, precision):
     assert result.samples_per_s and result.samples_per_s > 0
     assert result.peak_mem_bytes and result.peak_mem_bytes > 0
     assert result.param_count > 0
+    # two peaks by name: the tensors at the profiled warm-up step's peak, inside what the
+    # process held; the split's kinds add up to the tensor peak
+    split = result.memory_by_kind
+    assert 0 < result.tensor_peak_bytes < result.process_peak_bytes
+    assert result.tensor_peak_note is None and not split["counted_exceeds_peak"]
+    assert sum(split[key] for key in ("parameters_bytes", "gradients_bytes",
+                                      "optimizer_state_bytes", "rest_bytes")) == split["peak_bytes"]
+    weight_bytes = 2 if precision == "bf16-pure" else 4  # bf16-pure keeps bf16 weights
+    assert split["parameters_bytes"] == result.param_count * weight_bytes
+    assert split["gradients_bytes"] == split["parameters_bytes"]  # a gradient per weight
     assert result.flops_per_step and result.flops_per_step > 0
     if precision == "fp16-amp":
         assert result.loss_scale_final == 65536.0  # no overflow at the default scale here
@@ -284,3 +294,44 @@ def test_cpu_memory_snapshot_peak_is_never_below_the_resident_set():
         assert row["rss_bytes"] > 0
         assert row["mem_peak_bytes"] >= row["rss_bytes"], row
         assert row["mem_allocated_bytes"] is None and row["mem_reserved_bytes"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:`export_memory_timeline` is deprecated:FutureWarning")
+def test_the_tensor_peak_is_pytorchs_memory_profiler_peak(tmp_path):
+    """The oracle: PyTorch's own memory profiler (export_memory_timeline, every tensor's
+    size over one step) on the same step of the same run: the same peak, within 1 %."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.training.loop import Trainer
+
+    cfg = RunConfig(model="mlp", size="tiny", batch_size=64, steps=5, warmup_steps=3,
+                    profile=False, device="cpu")
+    result, _rows = run_train(cfg)
+    trainer = Trainer(cfg, torch.device("cpu"))
+    try:
+        trainer.forward_backward_untrained(1)  # what train() does first: the FLOP count
+        for step in (1, 2):
+            trainer.step(step, want_grad_norm=False)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     record_shapes=True, with_stack=True) as prof:
+            trainer.step(3, want_grad_norm=False)  # train()'s profiled step: the last warm-up
+    finally:
+        trainer.close()
+    timeline = tmp_path / "memory.json"
+    prof.export_memory_timeline(str(timeline), device="cpu")
+    _times, sizes = json.loads(timeline.read_text())
+    oracle_peak = max(sum(row) for row in sizes)
+    assert result.tensor_peak_bytes == pytest.approx(oracle_peak, rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_cpu_run_without_two_warm_up_steps_says_why_it_has_no_tensor_peak():
+    cfg = RunConfig(model="mlp", size="tiny", batch_size=8, steps=4, warmup_steps=1,
+                    profile=False, device="cpu")
+    result, _rows = run_train(cfg)
+    assert result.tensor_peak_bytes is None and result.memory_by_kind is None
+    assert "warmup_steps 2 or more" in result.tensor_peak_note
+    assert result.process_peak_bytes > 0

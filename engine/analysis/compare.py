@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from engine.analysis.memory_peaks import memory_peaks
 from engine.analysis.speedup import CONFIDENCE
 from engine.analysis.steady import (
     LOSS_TAIL_ROWS,
@@ -24,6 +25,7 @@ from engine.analysis.steady import (
     tail_series,
 )
 from engine.config import Precision, RunConfig
+from engine.display import PROCESS_PEAK_NAME, TENSOR_PEAK_NAME
 from engine.schema import FINISHED, throughput_column, throughput_unit
 from engine.store import RunNotFound, RunRecord, Store
 
@@ -84,7 +86,10 @@ def summary_table(store: Store, run_ids: Iterable[str],
       run_id, name, precision, status, reason, device, is_baseline,
       steady_basis, steady_rows, throughput_per_s, throughput_unit, samples_per_s,
       tokens_per_s, throughput_x (vs baseline, >1 = faster), step_time_ms,
-      peak_mem_bytes, mem_saved_pct (vs baseline, >0 = less memory), final_loss,
+      peak_mem_bytes (the memory chart's peak), tensor_peak_bytes, process_peak_bytes,
+      memory_by_kind, tensor_peak_note (engine.analysis.memory_peaks), mem_saved_pct
+      (vs baseline, >0 = less memory; on mem_saved_basis: the tensor peaks where both
+      have one, else the process peaks), final_loss,
       final_loss_diff_pct (vs baseline, >0 = higher), loss_noise_pct (the run's own
       step-to-step noise), loss_tolerance_pct (|diff| up to this is "within noise"),
       loss_noise_basis ("paired" | "step-to-step"), max_batch_fit,
@@ -118,7 +123,9 @@ def summary_table(store: Store, run_ids: Iterable[str],
 TABLE_COLUMNS = [
     "run_id", "name", "precision", "status", "reason", "device", "is_baseline",
     "steady_basis", "steady_rows", "throughput_per_s", "throughput_unit", "samples_per_s",
-    "tokens_per_s", "throughput_x", "step_time_ms", "peak_mem_bytes", "mem_saved_pct",
+    "tokens_per_s", "throughput_x", "step_time_ms", "peak_mem_bytes", "tensor_peak_bytes",
+    "process_peak_bytes", "memory_by_kind", "tensor_peak_note", "mem_saved_pct",
+    "mem_saved_basis",
     "final_loss", "final_loss_diff_pct", "loss_noise_pct", "loss_tolerance_pct",
     "loss_noise_basis", "max_batch_fit", "oom_batch_size",
     "skipped_steps", "loss_scale_final", "tensor_core_share", "matrix_tensor_core_share",
@@ -146,6 +153,7 @@ def _run_row(run: RunRecord, name: str, run_stats: Mapping[str, Any]) -> dict[st
         "samples_per_s": stats["samples_per_s"], "tokens_per_s": stats["tokens_per_s"],
         "step_time_ms": stats["step_time_ms"],
         "peak_mem_bytes": _peak_mem(summary, run_stats),
+        **memory_peaks(summary, run.device_key, run_stats.get("mem_peak_max_bytes")),
         "final_loss": final_loss, "loss_noise_pct": losses["loss_noise_pct"],
         "max_batch_fit": _int_or_none(summary.get("max_batch_fit")),
         "oom_batch_size": _int_or_none(summary.get("oom_batch_size")),
@@ -166,7 +174,16 @@ def _add_ratios(row: dict[str, Any], base: dict[str, Any]) -> None:
     # Compare tokens/s only when both runs have them (gpt vs gpt), else samples/s.
     column = "tokens_per_s" if row["tokens_per_s"] and base["tokens_per_s"] else "samples_per_s"
     row["throughput_x"] = _ratio(row[column], base[column])
-    saved = _ratio(row["peak_mem_bytes"], base["peak_mem_bytes"])
+    # Memory saved: the tensor peaks where both runs have one (what a precision changes),
+    # else the process peaks; the basis is named, never mixed within a pair.
+    row["mem_saved_basis"] = None
+    saved = None
+    for key, basis in (("tensor_peak_bytes", TENSOR_PEAK_NAME),
+                       ("process_peak_bytes", PROCESS_PEAK_NAME)):
+        saved = _ratio(row[key], base[key])
+        if saved is not None:
+            row["mem_saved_basis"] = basis
+            break
     row["mem_saved_pct"] = None if saved is None else 100.0 * (1.0 - saved)
     if row["final_loss"] is not None and base["final_loss"]:
         row["final_loss_diff_pct"] = (100.0 * (row["final_loss"] - base["final_loss"])

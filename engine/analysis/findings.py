@@ -15,6 +15,8 @@ from engine.analysis.numerics import numerics_findings
 from engine.analysis.steady import BASIS_NON_WARMUP
 from engine.config import Precision
 from engine.display import (
+    PROCESS_PEAK_NAME,
+    TENSOR_PEAK_NAME,
     loss_text,
     memory_text,
     mfu_text,
@@ -99,8 +101,10 @@ def _baseline_sentence(base: dict[str, Any], run: RunRecord | None) -> str:
         parts.append(throughput_text(base["throughput_per_s"], base["throughput_unit"]))
     if base["step_time_ms"] is not None:
         parts.append(f"{step_time_text(base['step_time_ms'])} per step")
-    if base["peak_mem_bytes"] is not None:
-        parts.append(f"peak memory {memory_text(base['peak_mem_bytes'])}")
+    for key, name in (("tensor_peak_bytes", TENSOR_PEAK_NAME),
+                      ("process_peak_bytes", PROCESS_PEAK_NAME)):
+        if base.get(key) is not None:
+            parts.append(f"{name} {memory_text(base[key])}")
     if base["final_loss"] is not None:
         parts.append(f"final loss {loss_text(base['final_loss'])}")
     if base["skipped_steps"]:
@@ -185,11 +189,12 @@ def _memory_text(row: dict[str, Any], base: dict[str, Any]) -> str:
     saved = row["mem_saved_pct"]
     if saved is None:
         return ""
+    basis = row.get("mem_saved_basis") or "peak memory"
     if abs(saved) < MEMORY_TOLERANCE_PCT:
-        return f"about the same peak memory ({_fmt_pct(-saved, signed=True)} %)"
+        return f"about the same {basis} ({_fmt_pct(-saved, signed=True)} %)"
     if saved > 0:
-        return f"{saved:.0f} % less memory"
-    return f"{-saved:.0f} % more memory"
+        return f"{saved:.0f} % less memory ({basis})"
+    return f"{-saved:.0f} % more memory ({basis})"
 
 
 def _loss_text(row: dict[str, Any], base: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.analysis.speedup import mode_row
 from engine.display import memory_text, memory_unit
 
 GATE_PASS, GATE_FAIL, GATE_INCONCLUSIVE = 0, 1, 3
@@ -83,11 +84,9 @@ def judge_requirement(req: Requirement, result: dict[str, Any]) -> Judgement:
     left_out = {entry.get("mode"): entry.get("reason") for entry in result.get("dropped") or []}
     if req.mode in left_out:  # its step could not fit the budget: not measured, why said
         return Judgement(req.text, req.kind, "inconclusive", str(left_out[req.mode]))
-    row = (result.get("modes") or {}).get(req.mode) or {}
+    row = mode_row(result, req.mode)
     if req.kind == MEMORY:
-        return _judge_memory(
-            req, row, (result.get("modes") or {}).get(result.get("baseline")) or {}
-        )
+        return _judge_memory(req, row, mode_row(result, result.get("baseline")))
     if (result.get("contention") or {}).get("busy"):
         return Judgement(req.text, req.kind, "inconclusive",
                          "the machine was busy during the check: no speedup is claimed")

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from engine.analysis.contention import BUSY_SHARE, UNRELIABLE
-from engine.display import loss_scale_text
+from engine.analysis.memory_peaks import is_gpu_device, memory_peaks
+from engine.display import PROCESS_PEAK_NAME, TENSOR_PEAK_NAME, loss_scale_text
 from engine.schema import STEADY, throughput_column, throughput_unit
 
 
@@ -22,7 +23,8 @@ class LiveHeadline:
     throughput: float | None       # steady median, in throughput_unit
     throughput_unit: str           # tokens/s | samples/s
     step_time_ms: float | None     # steady median
-    peak_mem_bytes: float | None
+    peak_mem_bytes: float | None   # the tile's peak: peak_name says which of the two
+    peak_name: str                 # TENSOR_PEAK_NAME on a GPU, PROCESS_PEAK_NAME on a CPU
     mfu: float | None              # fraction of the device's peak, None when unknown
     achieved_tflops: float | None
 
@@ -49,17 +51,24 @@ def _median(rows: pd.DataFrame, column: str) -> float | None:
     return float(rows[column].median())
 
 
-def live_headline(summary: dict[str, Any], model: str, frame: pd.DataFrame) -> LiveHeadline:
-    """The summary's figures where the run has ended, else medians of the rows so far."""
+def live_headline(summary: dict[str, Any], model: str, frame: pd.DataFrame,
+                  device_key: str | None = None) -> LiveHeadline:
+    """The summary's figures where the run has ended, else medians of the rows so far.
+    The memory tile's peak is the one the memory chart draws while the run goes on (a
+    GPU's tensor peak, a CPU's process peak), so it never changes kind at the end."""
     rows = steady_rows(frame)
     column = throughput_column(model)
-    peak = summary.get("peak_mem_bytes") or (
-        float(frame["mem_peak_bytes"].max()) if len(frame) else None)
+    logged = (float(frame["mem_peak_bytes"].max())
+              if len(frame) and "mem_peak_bytes" in frame else None)
+    peaks = memory_peaks(summary, device_key, logged)
+    on_gpu = is_gpu_device(device_key)
+    peak = peaks["tensor_peak_bytes"] if on_gpu else peaks["process_peak_bytes"]
     return LiveHeadline(
         throughput=summary.get(column) or _median(rows, column),
         throughput_unit=throughput_unit(model),
         step_time_ms=summary.get("step_time_ms") or _median(rows, "step_time_ms"),
         peak_mem_bytes=peak,
+        peak_name=TENSOR_PEAK_NAME if on_gpu else PROCESS_PEAK_NAME,
         mfu=summary.get("mfu") or _median(rows, "mfu"),
         achieved_tflops=summary.get("achieved_tflops") or _median(rows, "achieved_tflops"))
 

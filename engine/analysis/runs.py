@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from engine.analysis.memory_peaks import memory_peaks
 from engine.config import ConfigError
 from engine.display import mfu_text
 from engine.schema import throughput_column, throughput_unit
@@ -136,6 +137,9 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "throughput": _finite(s.get(throughput_column(cfg.model))),
         "unit": throughput_unit(cfg.model),
         "peak_mem_bytes": peak if isinstance(peak, (int, float)) and peak else None,
+        # the two peaks by name (engine.analysis.memory_peaks), as Live and Compare show
+        **{key: value for key, value in memory_peaks(s, run.device_key).items()
+           if key in ("tensor_peak_bytes", "process_peak_bytes")},
         "final_loss": _finite(s.get("final_loss")),
         "mfu_pct": 100 * s["mfu"] if _finite(s.get("mfu")) else None,
         # the same digits as Live, Compare, the report and the CLI (printf cannot switch them)

@@ -86,6 +86,14 @@ EXACT_MAX_ROUNDS = 80  # the signed-rank distribution counted exactly up to here
 _Z_975 = 1.959963984540054
 
 
+def mode_row(result: Mapping[str, Any], label: str | None) -> dict[str, Any]:
+    """The row of mode `label` in a check's result (stored, `show --json` or
+    `speedup --json`: `modes` is a list, baseline first, each row naming its `mode`);
+    {} when the check has no such mode."""
+    return next((dict(row) for row in result.get("modes") or []
+                 if isinstance(row, Mapping) and row.get("mode") == label), {})
+
+
 def mode_labels(modes: list[str]) -> list[str]:
     """Unique labels; a mode listed twice (an A/A check of the method) gets ' (2)'."""
     labels, seen = [], {}

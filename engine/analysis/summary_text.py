@@ -16,6 +16,8 @@ from engine.analysis.drift import drift_cell
 from engine.analysis.speedup import stored_verdict
 from engine.display import (
     NA,
+    PROCESS_PEAK_NAME,
+    TENSOR_PEAK_NAME,
     interval_text,
     loss_text,
     measured,
@@ -57,8 +59,11 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("throughput_interval", "95 % interval", _text),
     ("machine", "machine", _text),
     ("step_time_ms", "step time (ms)", lambda v: step_time_text(v, with_unit=False)),
-    ("peak_mem_bytes", "peak memory", _text),  # one unit per table: see summary_strings
+    # the two peaks by name (engine.analysis.memory_peaks); one unit per table for both
+    ("tensor_peak_bytes", TENSOR_PEAK_NAME, _text),
+    ("process_peak_bytes", PROCESS_PEAK_NAME, _text),
     ("mem_saved_pct", "memory saved (%)", _signed(1)),
+    ("mem_saved_basis", "memory saved on", _text),
     ("final_loss", "final loss", loss_text),
     ("final_loss_diff_pct", "loss diff (%)", _signed(2)),
     ("loss_tolerance_pct", "loss tolerance (±%)", lambda v: f"{v:.2g}" if measured(v) else NA),
@@ -73,8 +78,10 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
 # (step time is the inverse of throughput x: in the expander).
 # Columns of words (names, verdicts), left-aligned where a table right-aligns figures.
 TEXT_KEYS = frozenset({"name", "run_id", "status", "throughput_unit", "throughput_interval",
-                       "machine", "steady_basis"})
-MAIN_COLUMNS = ["name", "throughput_x", "throughput_interval", "machine", "peak_mem_bytes",
+                       "machine", "steady_basis", "mem_saved_basis"})
+MEMORY_KEYS = ("tensor_peak_bytes", "process_peak_bytes")
+MAIN_COLUMNS = ["name", "throughput_x", "throughput_interval", "machine", "tensor_peak_bytes",
+                "process_peak_bytes",
                 "final_loss", "final_loss_diff_pct", "tensor_core_share", "mfu"]
 NOTE = ("n/a: not measured for that run (Tensor-Core share needs a GPU kernel breakdown; "
         "max batch fit needs a batch-size search).")
@@ -89,17 +96,18 @@ def _with_derived(table: pd.DataFrame) -> pd.DataFrame:
 
 def summary_strings(table: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
     """`table`'s rows as strings, headers as a person reads them, in COLUMNS order (or
-    `keys`' order). Peak memory is in one unit for the column, named in its header."""
+    `keys`' order). The two memory peaks share one unit, named in their headers."""
     keys = keys or [key for key, _h, _f in COLUMNS]
     spec = {key: (header, fmt) for key, header, fmt in COLUMNS}
     derived = _with_derived(table)
-    unit = memory_unit(derived["peak_mem_bytes"]) if "peak_mem_bytes" in derived else "MiB"
+    present = [key for key in MEMORY_KEYS if key in derived]
+    unit = memory_unit(value for key in present for value in derived[key]) if present else "MiB"
     out = {}
     for key in keys:
         header, fmt = spec[key]
-        if key == "peak_mem_bytes":
-            out[f"peak memory ({unit})"] = [memory_text(v, unit, with_unit=False)
-                                            for v in derived[key]]
+        if key in MEMORY_KEYS:
+            out[f"{header} ({unit})"] = [memory_text(v, unit, with_unit=False)
+                                         for v in derived[key]]
         else:
             out[header] = [fmt(v) for v in derived[key]]
     return pd.DataFrame(out, index=table.index)
@@ -111,7 +119,7 @@ def speedup_rows(result: dict[str, Any]) -> pd.DataFrame:
     baseline = result.get("baseline")
     modes = result.get("modes", [])
     unit = memory_unit(row.get("peak_mem_bytes") for row in modes)
-    rows = []
+    rows = []  # a check's peak per mode is its tensor peak (engine.training.speedup)
     for row in modes:
         _verdict, verdict = stored_verdict(row, result)  # one rule: busy -> inconclusive
         is_base = row["mode"] == baseline
@@ -124,7 +132,7 @@ def speedup_rows(result: dict[str, Any]) -> pd.DataFrame:
                 "95 % interval": ""
                 if is_base
                 else interval_text(row.get("ci_low"), row.get("ci_high")),
-                f"peak memory ({unit})": memory_text(
+                f"{TENSOR_PEAK_NAME} ({unit})": memory_text(
                     row.get("peak_mem_bytes"), unit, with_unit=False
                 ),
                 "blocks": _count(row.get("blocks")),

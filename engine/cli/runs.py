@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.admission import check_runnable
+from engine.analysis.memory_peaks import memory_peaks
 from engine.analysis.runs import (
     RunFilter,
     filter_runs,
@@ -43,8 +44,11 @@ from engine.config import (
 )
 from engine.display import (
     NA,
+    PROCESS_PEAK_NAME,
+    TENSOR_PEAK_NAME,
     loss_scale_text,
     loss_text,
+    memory_split_text,
     memory_text,
     mfu_text,
     step_time_text,
@@ -266,6 +270,8 @@ def run_summary(run_id: str, store: Store) -> dict[str, Any]:
         "tokens_per_s": s.get("tokens_per_s"),
         "step_time_ms": s.get("step_time_ms"),
         "peak_mem_bytes": s.get("peak_mem_bytes", last.get("mem_peak_bytes")),
+        # the two peaks by name and the tensor peak's split (engine.analysis.memory_peaks)
+        **memory_peaks(s, run.device_key, last.get("mem_peak_bytes")),
         "loss_scale_final": (s.get("loss_scale_final", last.get("loss_scale"))
                              if uses_scaler else None),
         "skipped_steps": int(s.get("skipped_steps", last.get("skipped_steps") or 0) or 0),
@@ -302,7 +308,11 @@ def _format_summary(summary: dict[str, Any]) -> str:
             ("final loss", loss_text(summary.get("final_loss"))),
             ("throughput", throughput_text(throughput, throughput_unit(model))),
             ("step time", step_time_text(summary.get("step_time_ms"))),
-            ("peak memory", memory_text(summary.get("peak_mem_bytes"))),
+            (TENSOR_PEAK_NAME, memory_text(summary.get("tensor_peak_bytes"))
+             + (f" ({summary['tensor_peak_note']})" if summary.get("tensor_peak_note")
+                else "")),
+            (PROCESS_PEAK_NAME, memory_text(summary.get("process_peak_bytes"))),
+            ("tensor peak split", memory_split_text(summary.get("memory_by_kind"))),
             ("MFU", mfu_text(summary.get("mfu"))
              + (f" (against {summary['mfu_peak']})" if summary.get("mfu_peak") else "")),
             ("final loss scale", loss_scale_text(scale)),

@@ -192,21 +192,23 @@ def progress_line(progress: dict[str, Any]) -> str:
 
 
 def check_result(run_id: str, store: Store) -> dict[str, Any]:
-    """The stored result as the CLI prints it: per mode keyed by its label."""
+    """The stored result as the CLI prints it: `modes` is a list, baseline first, each
+    row naming its `mode` (the shape `show --json` and the stored summary have)."""
     run = store.get_run(run_id)
     result = run.summary.get("speedup") or {}
-    modes = {}
+    modes = []
     judged = {**result, "contention": run.summary.get("contention") or result.get("contention")}
     for row in result.get("modes", []):
         entry = {key: row.get(key) for key in (
-            "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low", "ci_high",
-            "coverage", "peak_mem_bytes", "memory_by_kind", "blocks", "drift")}
+            "mode", "median_step_ms", "samples_per_s", "tokens_per_s", "speedup", "ci_low",
+            "ci_high", "coverage", "peak_mem_bytes", "memory_by_kind", "blocks", "drift")}
+        entry["tensor_peak_bytes"] = row.get("peak_mem_bytes")  # a check's peak: tensors
         # One rule for every surface: a busy check claims nothing (verdict inconclusive).
         verdict = judge(row, judged)  # verdict, verdict_reason, words
         entry.update(verdict, significant=verdict["verdict"] in CLAIMS,
                      interval_excludes_1=row["mode"] != result.get("baseline")
                      and excludes_one(row))
-        modes[row["mode"]] = entry
+        modes.append(entry)
     return {"run_id": run.id, "status": run.status, "reason": run.reason,
             "baseline": result.get("baseline"), "modes": modes,
             "rounds": result.get("rounds"), "block_steps": result.get("block_steps"),
@@ -226,17 +228,18 @@ def format_result(result: dict[str, Any]) -> str:
     contention = result.get("contention") or {}
     if contention.get("words"):
         lines.append(f"  {contention['words']}")
-    rows = list(result["modes"].values())
+    rows = result["modes"]
     unit = memory_unit(row.get("peak_mem_bytes") for row in rows)  # one unit for the column
     lines.append(f"  {'mode':<14} {'median step':>12} {'samples/s':>11} {'speedup':>9} "
-                 f"{'95 % CI':>13} {'peak ' + unit:>10}  verdict")
-    for label, row in result["modes"].items():
+                 f"{'95 % CI':>13} {'tensor peak ' + unit:>16}  verdict")
+    for row in rows:
+        label = row["mode"]
         # the digits of Live, Compare and the report (engine.display); n/a, never 0.00
         step = step_time_text(row.get("median_step_ms"))
         ci = interval_text(row.get("ci_low"), row.get("ci_high")) or "-"
         mem = memory_text(row.get("peak_mem_bytes"), unit, with_unit=False)
         lines.append(f"  {label:<14} {step:>12} {throughput_text(row.get('samples_per_s')):>11} "
-                     f"{ratio_text(row.get('speedup')):>9} {ci:>13} {mem:>10}  "
+                     f"{ratio_text(row.get('speedup')):>9} {ci:>13} {mem:>16}  "
                      f"{row.get('words') or ''}")
     for finding in result.get("findings") or []:
         if finding != contention.get("words"):  # said above already

@@ -5,7 +5,7 @@ EMA-smoothed line; a dotted line marks each run's steady-state median."""
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ from plotly.colors import qualitative
 
 from engine.analysis.speedup import CLAIMS, INCONCLUSIVE, NO_DIFFERENCE, stored_verdict
 from engine.analysis.steady import ema
-from engine.display import MEMORY_UNITS, memory_unit
+from engine.display import MEMORY_KINDS, MEMORY_UNITS, memory_unit
 
 X_STEP, X_WALL = "step", "wall_time_s"
 X_TITLES = {X_STEP: "step", X_WALL: "wall time since run start (s)"}
@@ -153,7 +153,8 @@ def memory_overlay_figure(frames: Mapping[str, pd.DataFrame], names: Mapping[str
         traces += _series_traces(frame, "mem_peak_bytes", names[run_id], _color(index), x,
                                  smoothing, scale=MEMORY_UNITS[unit])
     return unvalidated_figure(
-        traces, _layout(f"Peak memory ({unit}; CPU runs: process peak RSS)", x, unit, log_y))
+        traces, _layout(f"Peak memory ({unit}; GPU runs: tensor peak, CPU runs: process peak)",
+                        x, unit, log_y))
 
 
 def comparison_figures(frames: Mapping[str, pd.DataFrame], names: Mapping[str, str],
@@ -226,30 +227,33 @@ def speedup_forest_figure(result: Mapping[str, Any], title: str | None = None) -
     return fig
 
 
-MEMORY_KINDS = (("parameters_bytes", "parameters"), ("gradients_bytes", "gradients"),
-                ("optimizer_state_bytes", "optimizer state"),
-                ("master_copies_bytes", "fp32 master copies"),
-                ("rest_bytes", "activations, autocast cache, workspace"))
-
-
 def memory_by_kind_figure(result: Mapping[str, Any]) -> go.Figure | None:
-    """A paired speedup check's peak memory per mode, stacked by what holds it
-    (engine.training.speedup.memory_by_kind); None when no mode has the split."""
-    rows = [row for row in result.get("modes", []) if row.get("memory_by_kind")]
-    if not rows:
+    """A paired speedup check's tensor peak per mode, stacked by what holds it
+    (engine.training.memory.memory_by_kind); None when no mode has the split."""
+    return memory_split_figure([(str(row["mode"]), row["memory_by_kind"])
+                                for row in result.get("modes", [])
+                                if row.get("memory_by_kind")])
+
+
+def memory_split_figure(splits: Sequence[tuple[str, Mapping[str, Any]]]
+                        ) -> go.Figure | None:
+    """Each (label, memory_by_kind) as a bar of its tensor peak, stacked by kind: a
+    speedup check's modes, or the runs Compare shows; None when there is none."""
+    if not splits:
         return None
-    modes = [html.escape(str(row["mode"])) for row in rows]
+    labels = [html.escape(label) for label, _ in splits]
+    # one unit for every bar, the unit of the tables beside it
+    unit = memory_unit(split.get("peak_bytes") for _, split in splits)
     fig = go.Figure()
-    # the unit of the per-mode table beside it (engine.analysis.summary_text.speedup_rows)
-    unit = memory_unit(row.get("peak_mem_bytes") for row in result.get("modes", []))
     for index, (key, label) in enumerate(MEMORY_KINDS):
-        sizes = [row["memory_by_kind"][key] / MEMORY_UNITS[unit] for row in rows]
-        fig.add_trace(go.Bar(y=modes, x=sizes, name=label, orientation="h",
+        sizes = [split.get(key, 0) / MEMORY_UNITS[unit] for _, split in splits]
+        fig.add_trace(go.Bar(y=labels, x=sizes, name=label, orientation="h",
                              marker_color=_color(index),
                              hovertemplate=f"{label}: %{{x:,.2f}} {unit}<extra></extra>"))
-    fig.update_layout(barmode="stack", title={"text": f"Peak memory by kind ({unit})", "x": 0,
-                                              "xanchor": "left"},
-                      xaxis_title=unit, height=140 + 50 * len(rows),
+    fig.update_layout(barmode="stack",
+                      title={"text": f"Tensor peak by kind ({unit})", "x": 0,
+                             "xanchor": "left"},
+                      xaxis_title=unit, height=140 + 50 * len(splits),
                       legend={"orientation": "h", "y": -0.35},
                       margin={"l": 110, "r": 30, "t": 60, "b": 90}, template=PLOT_TEMPLATE)
     fig.update_yaxes(automargin=True)

@@ -15,13 +15,15 @@ HTA's):
 - The **launch queue** of a stream at a time t: kernels whose launch call started by t
   and that have not finished by t; sampled at every launch call on the stream.
 - **Launch delay**: a kernel's start minus its launch call's start.
-Pure functions over engine.traces.parser.ParsedTrace; no pandas.
+Pure functions over engine.traces.parser.ParsedTrace, on numpy arrays; no pandas.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from typing import Any
+
+import numpy as np
 
 from engine.traces.parser import ParsedTrace
 
@@ -37,50 +39,65 @@ def _us(value: float) -> float:
     return round(value, 3)
 
 
-def _stream_kernels(trace: ParsedTrace) -> dict[Any, list[tuple[float, float, float | None]]]:
-    """stream -> [(start_us, end_us, launch_us or None)] sorted by start."""
+def _stream_kernels(trace: ParsedTrace) -> list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per stream, in stream order: (stream, start_us, end_us, launch_us) as arrays sorted
+    by start; launch_us is NaN where the kernel's launch call is not in the trace. Arrays,
+    not Python loops: a 1 GiB trace holds a million kernels."""
     table = trace.table
-    launch_start = {launch[0]: launch[2] for launch in trace.launches if launch[0] is not None}
-    by_stream: dict[Any, list] = defaultdict(list)
     if table.empty:
-        return by_stream
+        return []
+    launch_start = {launch[0]: launch[2] for launch in trace.launches if launch[0] is not None}
     get = launch_start.get
-    for stream, start, dur, correlation in zip(table["stream"], table["ts_us"],
-                                               table["dur_us"], table["correlation"]):
-        by_stream[stream].append((start, start + dur, get(correlation)))
-    return by_stream  # the kernel table is sorted by start: so is every stream's list
+    nan = math.nan
+    starts = np.asarray(table["ts_us"].tolist(), dtype=np.float64)
+    ends = starts + np.asarray(table["dur_us"].tolist(), dtype=np.float64)
+    launches = np.fromiter((get(c, nan) if c is not None else nan
+                            for c in table["correlation"]), dtype=np.float64, count=len(starts))
+    streams = table["stream"].tolist()
+    keys = sorted(set(streams), key=lambda key: (key is None, key or 0))
+    code_of = {key: code for code, key in enumerate(keys)}
+    codes = np.fromiter((code_of[key] for key in streams), dtype=np.int64, count=len(streams))
+    # the kernel table is sorted by start; a stable sort by stream keeps that in each stream
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
+    out = []
+    for code, key in enumerate(keys):
+        rows = order[bounds[code]:bounds[code + 1]]
+        out.append((key, starts[rows], ends[rows], launches[rows]))
+    return out
 
 
-def _gap_causes(kernels: list, lo: float, hi: float, threshold_us: float) -> dict[str, float]:
+def _gap_causes(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray, lo: float,
+                hi: float, threshold_us: float) -> dict[str, float]:
+    """Each gap after the latest end so far (a kernel may end after the next one ends),
+    clipped to the window, by cause."""
     causes = {"host_wait_us": 0.0, "kernel_wait_us": 0.0, "other_us": 0.0}
-    last_end = None
-    for start, end, launch in kernels:
-        if last_end is not None and start > last_end:
-            gap = min(start, hi) - max(last_end, lo)
-            if gap > 0:
-                if launch is not None and launch >= last_end:
-                    causes["host_wait_us"] += gap
-                elif launch is not None and start - last_end <= threshold_us:
-                    causes["kernel_wait_us"] += gap
-                else:
-                    causes["other_us"] += gap
-        last_end = end if last_end is None else max(last_end, end)
+    if len(starts) < 2:
+        return causes
+    last_end = np.maximum.accumulate(ends)[:-1]
+    start = starts[1:]
+    launch = launches[1:]
+    gap = np.minimum(start, hi) - np.maximum(last_end, lo)
+    idle = (start > last_end) & (gap > 0)
+    with np.errstate(invalid="ignore"):  # NaN launches compare False: not queued, not host
+        host = idle & (launch >= last_end)
+        kernel = idle & ~host & ~np.isnan(launch) & (start - last_end <= threshold_us)
+    other = idle & ~host & ~kernel
+    causes["host_wait_us"] = float(gap[host].sum())
+    causes["kernel_wait_us"] = float(gap[kernel].sum())
+    causes["other_us"] = float(gap[other].sum())
     return causes
 
 
-def _queue_lengths(kernels: list, lo: float, hi: float) -> list[int]:
-    """The queue at each launch call inside the window: launched by then, not yet ended."""
-    launched = sorted(launch for _start, _end, launch in kernels if launch is not None)
-    ended = sorted(end for _start, end, launch in kernels if launch is not None)
-    lengths = []
-    done = 0  # kernels ended by the current launch: a merge walk, both lists sorted
-    total_ended = len(ended)
-    for index, time_us in enumerate(launched):
-        while done < total_ended and ended[done] <= time_us:
-            done += 1
-        if lo <= time_us <= hi:
-            lengths.append(index + 1 - done)
-    return lengths
+def _queue_lengths(ends: np.ndarray, launches: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """The queue at each launch call inside the window: launched by then, not yet ended
+    (sorted)."""
+    known = ~np.isnan(launches)
+    launched = np.sort(launches[known])
+    ended = np.sort(ends[known])
+    done = np.searchsorted(ended, launched, side="right")  # ended by each launch call
+    lengths = np.arange(1, len(launched) + 1) - done
+    return np.sort(lengths[(launched >= lo) & (launched <= hi)])
 
 
 def _percentile(ordered: list[float], share: float) -> float | None:
@@ -103,16 +120,17 @@ def stream_idle(trace: ParsedTrace, lo: float, hi: float,
     """Per stream: idle time by cause, the launch queue (max, median) and launch delay
     (median, p95, max) over the window [lo, hi] (microseconds)."""
     rows = []
-    for stream, kernels in sorted(_stream_kernels(trace).items(),
-                                  key=lambda kv: (kv[0] is None, kv[0] or 0)):
-        inside = [k for k in kernels if k[1] > lo and k[0] < hi]
-        if not inside:
+    for stream, starts, ends, launches in _stream_kernels(trace):
+        inside = (ends > lo) & (starts < hi)
+        if not inside.any():
             continue
-        causes = _gap_causes(inside, lo, hi, threshold_us)
+        causes = _gap_causes(starts[inside], ends[inside], launches[inside], lo, hi,
+                             threshold_us)
         idle = sum(causes.values())
-        queue = sorted(_queue_lengths(kernels, lo, hi))
-        delays = sorted(start - launch for start, _end, launch in inside
-                        if launch is not None and start >= launch)
+        queue = _queue_lengths(ends, launches, lo, hi).tolist()
+        delay = starts[inside] - launches[inside]
+        with np.errstate(invalid="ignore"):
+            delays = np.sort(delay[delay >= 0]).tolist()  # NaN (no launch) compares False
         median_queue = _median_sorted(queue)
         host_share = causes["host_wait_us"] / idle if idle else None
         rows.append({

@@ -41,6 +41,7 @@ from engine.training.input_pipeline import (
     SyntheticSource,
     builtin_source,
 )
+from engine.training.memory import TensorPeakProbe, run_memory_figures
 from engine.training.models import build_model, model_spec, parameter_count
 from engine.training.numerics import NumericsProbe, default_sample_steps
 from engine.training.onednn import capture_onednn_verbose
@@ -90,6 +91,11 @@ class TrainResult:
     data_wait_share: float | None = None
     # fp16-amp: the GradScaler's skipped steps, each with where it overflowed (skip_ledger)
     skip_ledger: dict[str, Any] | None = None
+    # engine.training.memory: the two peaks, by name, and the tensor peak's split
+    tensor_peak_bytes: int | None = None
+    process_peak_bytes: int | None = None
+    memory_by_kind: dict[str, Any] | None = None
+    tensor_peak_note: str | None = None  # why the tensor peak was not measured
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -539,9 +545,10 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
                       log_interval_steps=cfg.log_interval, total_steps=cfg.steps)
     # Left on any path (an exception in a window step included): stdout back to the worker
     # log, a profiler still recording stopped.
+    tensor_peak = TensorPeakProbe(cfg.warmup_steps, device)
     with _profiler(cfg, device, run_dir, parallel, rank_trace_dir) as profiler:
         status, reason, step = _steps(trainer, meter, profiler, probe, emit, should_stop,
-                                      run_dir, on_window, parallel)
+                                      run_dir, on_window, parallel, tensor_peak)
     return TrainResult(
         status=status, reason=reason, steps_completed=step, **meter.steady_figures(),
         peak_mem_bytes=memory_snapshot(device)["mem_peak_bytes"],
@@ -552,12 +559,13 @@ def _train(trainer: Trainer, emit, should_stop, run_dir, peak_flops, on_window,
         trace_path=str(profiler.trace_path) if profiler.trace_path else None,
         skip_ledger=trainer.ledger.summary() if trainer.ledger is not None else None,
         extra={"spec": _spec_of(cfg), "compute_dtype": trainer.plan.compute_dtype_name,
-               "input_pipeline": _pipeline_of(cfg)})
+               "input_pipeline": _pipeline_of(cfg)},
+        **run_memory_figures(trainer, tensor_peak))
 
 
 def _steps(trainer: Trainer, meter: StepMeter, profiler: ProfilerWindow,
            probe: NumericsProbe | None, emit, should_stop, run_dir, on_window,
-           parallel) -> tuple[str, str | None, int]:
+           parallel, tensor_peak: TensorPeakProbe) -> tuple[str, str | None, int]:
     """The steps of one run: (status, reason, the last step completed)."""
     cfg = trainer.cfg
     status, reason, step = "finished", None, 0
@@ -575,7 +583,11 @@ def _steps(trainer: Trainer, meter: StepMeter, profiler: ProfilerWindow,
         # a CPU core): logged every GRAD_NORM_EVERY steps and at the last, not every step;
         # a GradScaler run computes it every step anyway (a non-finite norm = a skip).
         want_norm = is_log_step and (step % GRAD_NORM_EVERY == 0 or step == cfg.steps)
-        loss, grad_norm = trainer.step(step, want_grad_norm=want_norm)
+        if tensor_peak.wants(step):
+            loss, grad_norm = tensor_peak.run(
+                lambda: trainer.step(step, want_grad_norm=want_norm))
+        else:
+            loss, grad_norm = trainer.step(step, want_grad_norm=want_norm)
         if sampled:
             run_dir.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
             probe.save(run_dir / NUMERICS_FILENAME)  # rewritten each time: a crash keeps it

@@ -28,11 +28,8 @@ makes the interval's 95 % hold under bursty load (statistics: engine.analysis.sp
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +47,7 @@ from engine.analysis.speedup import (
 from engine.config import RunConfig
 from engine.training.input_pipeline import BatchSource
 from engine.training.loop import Trainer, measure_flops_per_step, resolve_torch_device
+from engine.training.memory import cpu_step_peak_increment, memory_by_kind, resident_bytes
 
 WARMUP_STEPS_MIN = 2
 BLOCK_TARGET_S = 0.25
@@ -64,39 +62,6 @@ AA_ORDER_SEED_OFFSET = 2029  # an A/A copy's batch order (+ its index): not the 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _parameter_bytes(trainer: Trainer) -> int:
-    return int(sum(p.numel() * p.element_size() for p in trainer.module.parameters()))
-
-
-def _optimizer_state_bytes(trainer: Trainer) -> int:
-    return int(sum(v.numel() * v.element_size() for state in trainer.optimizer.state.values()
-                   for v in state.values() if isinstance(v, torch.Tensor)))
-
-
-def _resident_bytes(trainer: Trainer) -> int:
-    """Weights and optimizer state of one mode (gradients are freed after each step)."""
-    return _parameter_bytes(trainer) + _optimizer_state_bytes(trainer)
-
-
-def memory_by_kind(trainer: Trainer, peak_bytes: int | None) -> dict[str, Any] | None:
-    """A mode's peak split by what holds it: parameters, optimizer state and gradients
-    counted exactly from the model and the optimizer (a gradient per trainable parameter,
-    in its dtype, all alive at the step's peak); no mode here keeps separate fp32 master
-    copies (autocast computes from the fp32 weights, bf16-pure updates bf16 weights in
-    place); the rest of the measured peak is activations, the autocast cast cache and
-    kernel workspace."""
-    if peak_bytes is None:
-        return None
-    params = _parameter_bytes(trainer)
-    grads = int(sum(p.numel() * p.element_size() for p in trainer.params))
-    state = _optimizer_state_bytes(trainer)
-    counted = params + grads + state
-    return {"parameters_bytes": params, "gradients_bytes": grads,
-            "optimizer_state_bytes": state, "master_copies_bytes": 0,
-            "rest_bytes": max(0, int(peak_bytes) - counted), "peak_bytes": int(peak_bytes),
-            "counted_exceeds_peak": counted > peak_bytes}
 
 
 class _ReorderedBatches(BatchSource):
@@ -163,26 +128,6 @@ class _Mode:
             self.last_block_loss = float(total.item()) / count
         _sync(device)
         return time.perf_counter() - start_s
-
-
-def _cpu_step_peak_increment(mode: _Mode) -> int:
-    """Peak bytes allocated above the start during one profiled step (CPU allocator)."""
-    from torch.profiler import ProfilerActivity, profile  # only for this one step
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        mode.run_steps(1, torch.device("cpu"))
-    handle, path = tempfile.mkstemp(suffix=".json")
-    os.close(handle)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as trace:
-            events = json.load(trace).get("traceEvents", [])
-    finally:
-        os.unlink(path)
-    totals = [event["args"].get("Total Allocated", 0) for event in events
-              if event.get("name") == "[memory]" and isinstance(event.get("args"), dict)
-              and event["args"].get("Device Type", 0) == 0]
-    return max([0, *totals])  # counted from 0 at the profiler's start
 
 
 def _calibrate(modes: list[_Mode], device: torch.device, setup: _Setup) -> None:
@@ -474,7 +419,8 @@ def _measure_cpu_memory(modes: list[_Mode], setup: _Setup) -> str:
     for mode in modes:
         setup.stage(mode.label, MEASURING_MEMORY)
         try:
-            mode.peak_increment_bytes = _cpu_step_peak_increment(mode)
+            mode.peak_increment_bytes = cpu_step_peak_increment(
+                lambda: mode.run_steps(1, torch.device("cpu")))
         except Exception:  # noqa: BLE001 - memory is reported as unknown, timing goes on
             mode.peak_increment_bytes = -1
     return "cpu profiler"
@@ -491,7 +437,7 @@ def _result(cfg: RunConfig, labels: list[str], modes: list[_Mode], block_steps: 
                         loss_drift(modes[0].block_loss, mode.block_loss, noise.block_loss,
                                    mode.steps_done))
         row["peak_mem_bytes"] = (None if mode.peak_increment_bytes < 0
-                                 else _resident_bytes(mode.trainer) + mode.peak_increment_bytes)
+                                 else resident_bytes(mode.trainer) + mode.peak_increment_bytes)
         row["memory_by_kind"] = memory_by_kind(mode.trainer, row["peak_mem_bytes"])
         row["achieved_flops_per_s"] = (flops_per_step * 1000.0 / row["median_step_ms"]
                                        if flops_per_step and row["median_step_ms"] else None)
