@@ -152,6 +152,30 @@ def test_findings_do_not_explain_a_slowdown_without_evidence(store):
     assert "No CPU evidence was recorded" in line
 
 
+def test_findings_explain_a_slowdown_by_oneDNN_reference_code_from_a_real_log(store):
+    """A fp16 run whose convolutions ran oneDNN's reference code (the verdict from a real
+    Xeon log, tests/data/onednn): the slowdown's "why" is that evidence."""
+    from pathlib import Path
+
+    from engine.analysis.cpu_evidence import REFERENCE, cpu_verdict, parse_onednn_verbose
+
+    log = (Path(__file__).parent / "data" / "onednn"
+           / "xeon-amx-bf16-avx512-fp16_fp16.transcribed.log").read_text()
+    evidence = cpu_verdict(parse_onednn_verbose(log), "fp16",
+                           frozenset({"avx512f", "avx512_fp16", "amx_bf16", "amx_tile"}))
+    assert evidence["verdict"] == REFERENCE
+    base = write_rows(store, tiny_config("fp32"), _rows(STEADY_BASE, BASE_LOSSES))
+    slow = write_rows(store, tiny_config("fp16-amp"), _rows([1600.0] * 5, BASE_LOSSES),
+                      summary={"cpu_evidence": evidence})
+    table = summary_table(store, [base, slow])
+    (line,) = [s for s in findings(table, [store.get_run(base), store.get_run(slow)])
+               if s.startswith("fp16-amp")]
+    assert "16x slower than fp32" in line
+    assert (f"Why, from the CPU evidence of its profiler window: {evidence['headline']}"
+            in line)
+    assert "oneDNN's reference code: 97 % of matrix time" in line
+
+
 def test_findings_flag_fallback_timing_failed_runs_and_different_workloads(store):
     base = write_rows(store, tiny_config("fp32"), _rows(STEADY_BASE, BASE_LOSSES))
     stopped = write_rows(store, tiny_config("bf16-amp", batch_size=32),

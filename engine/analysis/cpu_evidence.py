@@ -63,6 +63,9 @@ REFERENCE = "oneDNN reference code"  # most matrix time in `ref` implementations
 NOT_APPLICABLE = "not applicable"  # an fp32 run: there is no low-precision question
 UNKNOWN = "unknown"
 NATIVE_VERDICTS = (NATIVE_AMX, NATIVE_BF16_DOT, NATIVE_FP16)
+# The verdicts that explain a slow low-precision run: its matrix work converted to fp32 in
+# software, or ran oneDNN's reference (non-vectorised) code.
+SLOW_CPU_VERDICTS = (EMULATED, REFERENCE)
 
 # Reference code at half the matrix time or more decides the verdict: at the 10-100x
 # slowdown of `ref` against a jit kernel, that half is already most of the step.

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from engine.analysis.compare import LOSS_NOISE_FLOOR_PCT, config_diff
+from engine.analysis.cpu_evidence import SLOW_CPU_VERDICTS
 from engine.analysis.numerics import numerics_findings
 from engine.analysis.steady import BASIS_NON_WARMUP
 from engine.config import Precision
@@ -261,7 +262,7 @@ def _why_slower(row: dict[str, Any], run: RunRecord | None) -> str:
             return (" No CPU evidence was recorded for this run (it was not profiled), so the "
                     "cause is not shown here.")
         return ""
-    if verdict and "emulated" in verdict:
+    if verdict in SLOW_CPU_VERDICTS:  # conversion code or oneDNN's reference code decided
         return f" Why, from the CPU evidence of its profiler window: {headline}."
     return f" CPU evidence for this run: {headline}."
 
@@ -279,9 +280,9 @@ def _closing_notes(rows: list[dict[str, Any]], runs: Mapping[str, RunRecord]) ->
             " (the baseline)." if fastest["is_baseline"]
             else f" ({fastest['throughput_x']:.2f}x the baseline's throughput)."))
     if any(r["device"] == "cpu" for r in rows):
-        notes.append("Memory of CPU runs is the peak resident set size of the whole training "
-                     "process (PyTorch itself included), so precision changes move it less "
-                     "than they move the tensors.")
+        notes.append(f"The {PROCESS_PEAK_NAME} of a CPU run is the peak resident set of the "
+                     "whole training process (PyTorch itself included), so precision changes "
+                     f"move it less than they move the {TENSOR_PEAK_NAME}.")
     if rows and all(r["tensor_core_share"] is None for r in rows) and any(
             r["device"].startswith("cuda") for r in rows):
         notes.append("Tensor-Core use is unknown for these runs (no kernel breakdown recorded).")
