@@ -15,15 +15,14 @@ HTA's):
 - The **launch queue** of a stream at a time t: kernels whose launch call started by t
   and that have not finished by t; sampled at every launch call on the stream.
 - **Launch delay**: a kernel's start minus its launch call's start.
-Pure functions over engine.traces.parser.ParsedTrace, on numpy arrays; no pandas.
+Pure functions over engine.traces.parser.ParsedTrace; no pandas or numpy (`engine kernels`
+imports neither).
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 from typing import Any
-
-import numpy as np
 
 from engine.traces.parser import ParsedTrace
 
@@ -39,65 +38,69 @@ def _us(value: float) -> float:
     return round(value, 3)
 
 
-def _stream_kernels(trace: ParsedTrace) -> list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per stream, in stream order: (stream, start_us, end_us, launch_us) as arrays sorted
-    by start; launch_us is NaN where the kernel's launch call is not in the trace. Arrays,
-    not Python loops: a 1 GiB trace holds a million kernels."""
+def _stream_kernels(trace: ParsedTrace) -> list[tuple[Any, list, list, list]]:
+    """Per stream, in stream order: (stream, start_us, end_us, launch_us) as parallel lists
+    sorted by start; launch_us is None where the kernel's launch call is not in the trace.
+    Plain lists and local names: `engine kernels` imports no numpy, and a 1 GiB trace holds
+    300k kernels."""
     table = trace.table
     if table.empty:
         return []
     launch_start = {launch[0]: launch[2] for launch in trace.launches if launch[0] is not None}
     get = launch_start.get
-    nan = math.nan
-    starts = np.asarray(table["ts_us"].tolist(), dtype=np.float64)
-    ends = starts + np.asarray(table["dur_us"].tolist(), dtype=np.float64)
-    launches = np.fromiter((get(c, nan) if c is not None else nan
-                            for c in table["correlation"]), dtype=np.float64, count=len(starts))
-    streams = table["stream"].tolist()
-    keys = sorted(set(streams), key=lambda key: (key is None, key or 0))
-    code_of = {key: code for code, key in enumerate(keys)}
-    codes = np.fromiter((code_of[key] for key in streams), dtype=np.int64, count=len(streams))
-    # the kernel table is sorted by start; a stable sort by stream keeps that in each stream
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
-    out = []
-    for code, key in enumerate(keys):
-        rows = order[bounds[code]:bounds[code + 1]]
-        out.append((key, starts[rows], ends[rows], launches[rows]))
-    return out
+    by_stream: dict[Any, tuple[list, list, list]] = {}
+    for stream, start, dur, correlation in zip(table["stream"], table["ts_us"],
+                                               table["dur_us"], table["correlation"]):
+        lists = by_stream.get(stream)
+        if lists is None:
+            lists = by_stream[stream] = ([], [], [])
+        lists[0].append(start)
+        lists[1].append(start + dur)
+        lists[2].append(get(correlation))
+    # the kernel table is sorted by start: so is every stream's list
+    return [(stream, *by_stream[stream])
+            for stream in sorted(by_stream, key=lambda key: (key is None, key or 0))]
 
 
-def _gap_causes(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray, lo: float,
-                hi: float, threshold_us: float) -> dict[str, float]:
+def _gap_causes(starts: list, ends: list, launches: list, lo: float, hi: float,
+                threshold_us: float) -> dict[str, float]:
     """Each gap after the latest end so far (a kernel may end after the next one ends),
     clipped to the window, by cause."""
-    causes = {"host_wait_us": 0.0, "kernel_wait_us": 0.0, "other_us": 0.0}
-    if len(starts) < 2:
-        return causes
-    last_end = np.maximum.accumulate(ends)[:-1]
-    start = starts[1:]
-    launch = launches[1:]
-    gap = np.minimum(start, hi) - np.maximum(last_end, lo)
-    idle = (start > last_end) & (gap > 0)
-    with np.errstate(invalid="ignore"):  # NaN launches compare False: not queued, not host
-        host = idle & (launch >= last_end)
-        kernel = idle & ~host & ~np.isnan(launch) & (start - last_end <= threshold_us)
-    other = idle & ~host & ~kernel
-    causes["host_wait_us"] = float(gap[host].sum())
-    causes["kernel_wait_us"] = float(gap[kernel].sum())
-    causes["other_us"] = float(gap[other].sum())
-    return causes
+    host = kernel = other = 0.0
+    last_end = None
+    for start, end, launch in zip(starts, ends, launches):
+        if last_end is not None and start > last_end:
+            gap = (start if start < hi else hi) - (last_end if last_end > lo else lo)
+            if gap > 0:
+                if launch is not None and launch >= last_end:
+                    host += gap
+                elif launch is not None and start - last_end <= threshold_us:
+                    kernel += gap
+                else:
+                    other += gap
+        if last_end is None or end > last_end:
+            last_end = end
+    return {"host_wait_us": host, "kernel_wait_us": kernel, "other_us": other}
 
 
-def _queue_lengths(ends: np.ndarray, launches: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """The queue at each launch call inside the window: launched by then, not yet ended
-    (sorted)."""
-    known = ~np.isnan(launches)
-    launched = np.sort(launches[known])
-    ended = np.sort(ends[known])
-    done = np.searchsorted(ended, launched, side="right")  # ended by each launch call
-    lengths = np.arange(1, len(launched) + 1) - done
-    return np.sort(lengths[(launched >= lo) & (launched <= hi)])
+def _queue_lengths(ends: list, launches: list, lo: float, hi: float) -> list[int]:
+    """The queue at each launch call inside the window (launched by then, not yet
+    ended), sorted."""
+    if None in launches:  # a launch call outside the trace: that kernel is not counted
+        launched = sorted(launch for launch in launches if launch is not None)
+        ended = sorted(end for end, launch in zip(ends, launches) if launch is not None)
+    else:
+        launched, ended = sorted(launches), sorted(ends)
+    lengths = []
+    done = 0  # kernels ended by the current launch: a merge walk, both lists sorted
+    total_ended = len(ended)
+    for index, time_us in enumerate(launched):
+        while done < total_ended and ended[done] <= time_us:
+            done += 1
+        if lo <= time_us <= hi:
+            lengths.append(index + 1 - done)
+    lengths.sort()
+    return lengths
 
 
 def _percentile(ordered: list[float], share: float) -> float | None:
@@ -121,16 +124,21 @@ def stream_idle(trace: ParsedTrace, lo: float, hi: float,
     (median, p95, max) over the window [lo, hi] (microseconds)."""
     rows = []
     for stream, starts, ends, launches in _stream_kernels(trace):
-        inside = (ends > lo) & (starts < hi)
-        if not inside.any():
+        # The kernels overlapping the window, by bisection on the sorted starts: those that
+        # start after lo end after it too; of the others only those ending after lo count.
+        before_hi = bisect.bisect_left(starts, hi)
+        up_to_lo = min(bisect.bisect_right(starts, lo), before_hi)
+        head = [index for index in range(up_to_lo) if ends[index] > lo]
+        if not head and up_to_lo == before_hi:
             continue
-        causes = _gap_causes(starts[inside], ends[inside], launches[inside], lo, hi,
-                             threshold_us)
+        in_starts = [starts[index] for index in head] + starts[up_to_lo:before_hi]
+        in_ends = [ends[index] for index in head] + ends[up_to_lo:before_hi]
+        in_launches = [launches[index] for index in head] + launches[up_to_lo:before_hi]
+        causes = _gap_causes(in_starts, in_ends, in_launches, lo, hi, threshold_us)
         idle = sum(causes.values())
-        queue = _queue_lengths(ends, launches, lo, hi).tolist()
-        delay = starts[inside] - launches[inside]
-        with np.errstate(invalid="ignore"):
-            delays = np.sort(delay[delay >= 0]).tolist()  # NaN (no launch) compares False
+        queue = _queue_lengths(ends, launches, lo, hi)
+        delays = sorted(start - launch for start, launch in zip(in_starts, in_launches)
+                        if launch is not None and start >= launch)
         median_queue = _median_sorted(queue)
         host_share = causes["host_wait_us"] / idle if idle else None
         rows.append({

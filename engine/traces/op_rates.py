@@ -65,45 +65,56 @@ def _innermost(shaped_ops: list) -> list:
     return kept
 
 
-def _kernels_by_correlation(trace: ParsedTrace) -> dict:
+def _kernels_by_correlation(trace: ParsedTrace, wanted: set) -> dict:
     """correlation -> [(dur_us, tensor_core, dtype, category)] of the GPU kernels and
-    copy-engine events."""
+    copy-engine events launched under the `wanted` correlations (the shaped ops' launches:
+    a few percent of a big trace's kernels, so the other columns are read for those rows
+    alone)."""
     table = trace.table
-    if table.empty:
+    if table.empty or not wanted:
         return {}
+    rows = [index for index, correlation in enumerate(table["correlation"])
+            if correlation in wanted]
+    columns = [table[name] for name in ("correlation", "dur_us", "tensor_core", "dtype",
+                                        "category")]
     found: dict = defaultdict(list)
-    for correlation, dur, tensor_core, dtype, category in zip(
-            table["correlation"], table["dur_us"], table["tensor_core"], table["dtype"],
-            table["category"]):
-        if correlation is not None:
-            found[correlation].append((dur, tensor_core, dtype, category))
+    for index in rows:
+        correlation, dur, tensor_core, dtype, category = (column[index] for column in columns)
+        found[correlation].append((dur, tensor_core, dtype, category))
     # the memsets and copies an op launched (cuBLAS clears its split-K workspace) are part
     # of its GPU time, as TraceLens counts them
     for copy in trace.copies:
-        if copy[7] is not None:
+        if copy[7] is not None and copy[7] in wanted:
             found[copy[7]].append((copy[2], "no", None, "memcpy/memset"))
     return found
 
 
-def _launches_by_thread(trace: ParsedTrace) -> dict:
-    """(pid, tid) -> (sorted start times, correlations) of the runtime calls."""
-    by_thread: dict[tuple, list] = defaultdict(list)
-    for launch in trace.launches:
-        if launch[0] is not None:
-            by_thread[(launch[3], launch[4])].append((launch[2], launch[0]))
+def _launches_by_thread(trace: ParsedTrace, threads: set) -> dict:
+    """(pid, tid) -> (sorted start times, correlations) of the runtime calls made on the
+    `threads` (those of the shaped ops: one or a few), one list comprehension per thread:
+    a 1 GiB trace holds 400k launches."""
     result = {}
-    for key, launches in by_thread.items():
-        launches.sort()
-        result[key] = ([t for t, _ in launches], [c for _, c in launches])
+    launches = trace.launches
+    for pid, tid in threads:
+        mine = [launch for launch in launches
+                if launch[4] == tid and launch[3] == pid and launch[0] is not None]
+        starts = [launch[2] for launch in mine]
+        correlations = [launch[0] for launch in mine]
+        if any(later < earlier for earlier, later in zip(starts, starts[1:])):
+            order = sorted(range(len(starts)), key=starts.__getitem__)  # stable: ties kept
+            starts = [starts[index] for index in order]
+            correlations = [correlations[index] for index in order]
+        result[(pid, tid)] = (starts, correlations)
     return result
 
 
 def _group_calls(trace: ParsedTrace) -> dict:
     gpu = not trace.table.empty
-    kernels = _kernels_by_correlation(trace) if gpu else {}
-    launches = _launches_by_thread(trace) if gpu else {}
+    innermost = _innermost(trace.shaped_ops)
+    launches = _launches_by_thread(trace, {(op[3], op[4]) for op in innermost}) if gpu else {}
     groups: dict[tuple, _Group] = {}
-    for op in _innermost(trace.shaped_ops):
+    launched_by: list[tuple[_Group, list]] = []  # each GPU call: its group, its launches
+    for op in innermost:
         name, ts, end, pid, tid, _external, dims, types, concrete = op
         cost = op_cost(name, dims, types, concrete)
         if cost is None:
@@ -120,7 +131,11 @@ def _group_calls(trace: ParsedTrace) -> dict:
             continue
         starts, correlations = launches.get((pid, tid), ([], []))
         first, last = bisect.bisect_left(starts, ts), bisect.bisect_right(starts, end)
-        launched = [k for c in correlations[first:last] for k in kernels.get(c, ())]
+        launched_by.append((group, correlations[first:last]))
+    kernels = _kernels_by_correlation(
+        trace, {correlation for _group, launched in launched_by for correlation in launched})
+    for group, correlations in launched_by:
+        launched = [k for c in correlations for k in kernels.get(c, ())]
         if not launched:
             continue  # the op launched nothing inside the window (or its kernels fell out)
         group.calls += 1

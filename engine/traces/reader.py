@@ -151,17 +151,48 @@ def _ok_time(value: float | None) -> bool:
     return value is not None and -MAX_TIME_US <= value <= MAX_TIME_US  # NaN fails both
 
 
+# What the typed path does with an event, by its category (decided once per category: a
+# trace has a few dozen categories and millions of events).
+_SKIP, _FOREIGN, _LAUNCH, _ANNOTATION, _KERNEL, _CPU_OP, _COPY, _SPAN = range(8)
+
+
+def _category_kind(category: str | None) -> int:
+    if category not in KEPT_CATEGORIES:
+        if category is not None and (category == RANGE_EVENT_CATEGORY
+                                     or category.startswith(OTHER_DEVICE_PREFIXES)):
+            return _FOREIGN
+        return _SKIP
+    if category in LAUNCH_EVENT_CATEGORIES:
+        return _LAUNCH
+    if category in ANNOTATION_EVENT_CATEGORIES:
+        return _ANNOTATION
+    if category in KERNEL_EVENT_CATEGORIES:
+        return _KERNEL
+    if category in CPU_OP_EVENT_CATEGORIES:
+        return _CPU_OP
+    if category in COPY_EVENT_CATEGORIES:
+        return _COPY
+    return _SPAN
+
+
+_CATEGORY_KINDS: dict = {}
+
+
 def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
     """compact() for typed events, whose field types msgspec has checked: the same tuples
     (tests compare both paths on every fixture), without the per-field type checks, each
     appended to its kind's list in `kept`."""
     kernels, launches, ops = kept.kernels.append, kept.launches.append, kept.cpu_ops.append
     defects, ids = kept.defects, kept.ids
+    kinds = _CATEGORY_KINDS
     for event in events:
         category = event.cat
-        if category not in KEPT_CATEGORIES:
-            if category is not None and (category == RANGE_EVENT_CATEGORY
-                                         or category.startswith(OTHER_DEVICE_PREFIXES)):
+        try:
+            kind = kinds[category]  # a subscript: cheaper than .get on millions of events
+        except KeyError:
+            kind = kinds[category] = _category_kind(category)
+        if kind <= _FOREIGN:
+            if kind == _FOREIGN:
                 _keep_foreign(event, kept)
             continue
         args = event.args or _NO_ARGS
@@ -178,37 +209,35 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
                 name = known
         else:
             name = ""
-        if category in LAUNCH_EVENT_CATEGORIES:
+        if kind == _LAUNCH:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
             launches(_Launch((args.correlation, external, ts if ts is not None else 0.0,
                             pid, tid, name,
                             dur if _ok_time(dur) and dur >= 0 else 0.0)))
             continue
-        if category in ANNOTATION_EVENT_CATEGORIES and not (
-                name is not None and name.startswith(SPAN_PREFIXES)):
+        if kind == _ANNOTATION and not (name is not None and name.startswith(SPAN_PREFIXES)):
             continue
         # _ok_time inlined: this line runs for every kept event
         if ts is None or dur is None or not (-MAX_TIME_US <= ts <= MAX_TIME_US
                                              and 0.0 <= dur <= MAX_TIME_US):
-            kind = "annotation" if category in ANNOTATION_EVENT_CATEGORIES else (
-                "kernel" if category in KERNEL_EVENT_CATEGORIES else
-                "copy" if category in COPY_EVENT_CATEGORIES else "cpu op")
             defects["negative_duration" if _ok_time(dur) and dur < 0
                     else "missing_duration"] += 1
             continue
-        if category in KERNEL_EVENT_CATEGORIES:
+        if kind == _KERNEL:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
+            stream = args.stream
             kernels(_Kernel((name, ts, dur, pid, tid, args.correlation, external,
-                            _stream(args.stream, tid), args.device)))
+                            stream if type(stream) is int else _stream(stream, tid),
+                            args.device)))
             if len(args.collective) and args.correlation is not None:
                 fields = collective_fields([_raw_value(raw) for raw in (
                     args.collective, args.in_nelems, args.out_nelems, args.group_size,
                     args.dtype)])
                 if fields is not None:
                     kept.collectives[args.correlation] = fields
-        elif category in CPU_OP_EVENT_CATEGORIES:
+        elif kind == _CPU_OP:
             external = args.external_id if args.external_id is not None \
                 else args.external_id_lower
             op = _CpuOp((name, ts, ts + dur, pid, tid, external))
@@ -218,11 +247,11 @@ def _kept_from_structs(events: list[_Event], names: dict, kept: "Kept") -> None:
                                  _raw_value(args.concrete_inputs))
                 if type(shaped) is _ShapedOp:
                     kept.shaped_ops.append(shaped)
-        elif category in COPY_EVENT_CATEGORIES:
+        elif kind == _COPY:
             size = _time(args.size)
-            kind = "memset" if "memset" in category.lower() else "memcpy"
+            copy_kind = "memset" if "memset" in category.lower() else "memcpy"
             kept.copies.append(_Copy((name, ts, dur, _stream(args.stream, tid), args.device,
-                          int(size) if size is not None and size >= 0 else None, kind,
+                          int(size) if size is not None and size >= 0 else None, copy_kind,
                           args.correlation)))
         else:
             kept.spans.append(_Span((name, ts, ts + dur, pid, tid)))
