@@ -397,3 +397,47 @@ def test_a_rank_set_read_on_ray_matches_the_local_read_and_names_the_slowed_rank
     (failed,) = on_ray["failed_ranks"]
     assert failed["source"] == "rank-16.json" and "plain text" in failed["error"]
     assert len(progress) == 17 and any("rank-16.json" in line for line in progress)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_rank_whose_ray_worker_is_killed_is_one_line_and_the_rest_are_shown(
+        ray_address, tmp_path):
+    """Four 96 MiB rank traces (the real V100 trace's steps repeated) read as Ray tasks;
+    the worker reading one of them is killed (SIGKILL) mid-read: that rank is one line
+    saying its worker died, and the other three are in the table."""
+    import threading
+
+    import psutil
+
+    from bench._big_trace import build
+    from engine.cluster.ray_traces import analyze_set_on_ray
+    from engine.traces.sets import set_members
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    source = tmp_path / "rank-source.json"
+    build(Path(__file__).parent / "data" / "traces" / "v100_resnet50_kineto_v1.json.gz",
+          source, 96 * 2**20)
+    for rank in range(4):
+        os.link(source, folder / f"rank-{rank}.json")
+    result: dict = {}
+    reader = threading.Thread(target=lambda: result.update(
+        analyze_set_on_ray(set_members([folder]), ray_address)))
+    reader.start()
+    killed = []
+    deadline = time.monotonic() + 120
+    while not killed and reader.is_alive() and time.monotonic() < deadline:
+        for proc in psutil.process_iter(["cmdline"]):
+            if (proc.info["cmdline"] or [""])[0].startswith("ray::_read_rank"):
+                proc.send_signal(signal.SIGKILL)  # a worker killed while it reads a rank
+                killed.append(proc.pid)
+                break
+        time.sleep(0.05)
+    reader.join(timeout=300)
+    assert killed, "no Ray worker was seen reading a rank trace"
+    assert not reader.is_alive() and result, "the set read did not end"
+    (failed,) = result["failed_ranks"]
+    assert failed["error"] == "the Ray worker reading it died (killed, or out of memory)"
+    assert len(result["ranks"]) == 3
+    assert failed["source"] not in {row["source"] for row in result["ranks"]}
