@@ -42,7 +42,8 @@ HTTP_RETRIES = 1
 BATCH = 1000  # MLflow's log_batch limit on metrics per call (params: 100)
 PARAM_BATCH = 100
 SUMMARY_METRICS = ("samples_per_s", "tokens_per_s", "step_time_ms", "peak_mem_bytes",
-                   "final_loss", "first_loss", "mfu", "achieved_tflops", "skipped_steps",
+                   "tensor_peak_bytes", "process_peak_bytes", "final_loss", "first_loss", "mfu",
+                   "achieved_tflops", "skipped_steps",
                    "loss_scale_final", "flops_per_step", "param_count", "peak_flops")
 _STATUS = {FINISHED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED", OOM: "FAILED",
            "diverged": "FAILED"}
