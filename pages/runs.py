@@ -96,10 +96,10 @@ for column in ("duration_s", "throughput", "tensor_peak", "process_peak", "final
                "mfu_pct"):
     table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN: the grid's "n/a"
 # What a person scans at 1280 px; the label carries model, precision and batch size.
-MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "tensor_peak", "process_peak",
-                "final_loss", "mfu", "created"]
-MORE_COLUMNS = ["run_id", "device", "model", "precision", "batch_size", "duration_s", "tags",
-                "note", "reason"]
+MAIN_COLUMNS = ["label", "status", "steps", "throughput", "unit", "tensor_peak", "final_loss",
+                "mfu", "created"]
+MORE_COLUMNS = ["run_id", "device", "model", "precision", "batch_size", "duration_s",
+                "process_peak", "tags", "note", "reason"]
 with st.expander("More columns"):
     more = st.multiselect("Also show", MORE_COLUMNS, key="runs_more_columns",
                           help="Columns beyond the ones that fit a laptop screen")

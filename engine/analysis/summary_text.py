@@ -81,7 +81,6 @@ TEXT_KEYS = frozenset({"name", "run_id", "status", "throughput_unit", "throughpu
                        "machine", "steady_basis", "mem_saved_basis"})
 MEMORY_KEYS = ("tensor_peak_bytes", "process_peak_bytes")
 MAIN_COLUMNS = ["name", "throughput_x", "throughput_interval", "machine", "tensor_peak_bytes",
-                "process_peak_bytes",
                 "final_loss", "final_loss_diff_pct", "tensor_core_share", "mfu"]
 NOTE = ("n/a: not measured for that run (Tensor-Core share needs a GPU kernel breakdown; "
         "max batch fit needs a batch-size search).")
