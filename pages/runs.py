@@ -87,11 +87,13 @@ table = pd.DataFrame(rows, columns=list(run_row(runs[0]).keys()))
 if len(table):
     table["status"] = [status_badge(s) for s in table["status"]]
     table["archived"] = ["archived" if a else "" for a in table["archived"]]
-# One memory unit for the column (MiB, or GiB once a run reaches 1 GiB), in the header.
-# The two peaks by name (engine.analysis.memory_peaks), in one unit.
-memory_column_unit = memory_unit([*table["tensor_peak_bytes"], *table["process_peak_bytes"]])
-for name in ("tensor_peak", "process_peak"):
-    table[name] = [memory_value(v, memory_column_unit) for v in table[f"{name}_bytes"]]
+# The two peaks by name (engine.analysis.memory_peaks), each column in one unit (MiB, or
+# GiB once a run reaches 1 GiB) named in its header: a tensor peak of a few MiB beside a
+# process peak over 1 GiB keeps its digits.
+memory_units = {name: memory_unit(table[f"{name}_bytes"])
+                for name in ("tensor_peak", "process_peak")}
+for name, unit in memory_units.items():
+    table[name] = [memory_value(v, unit) for v in table[f"{name}_bytes"]]
 for column in ("duration_s", "throughput", "tensor_peak", "process_peak", "final_loss",
                "mfu_pct"):
     table[column] = pd.to_numeric(table[column], errors="coerce")  # NaN: the grid's "n/a"
@@ -141,13 +143,13 @@ event = st.dataframe(
             help="Median over steady-state steps: the same figure as on Live, Compare, the "
                  "report and the CLI"),
         "tensor_peak": st.column_config.NumberColumn(
-            f"{TENSOR_PEAK_NAME} ({memory_column_unit})",
-            format=memory_printf(memory_column_unit),
+            f"{TENSOR_PEAK_NAME} ({memory_units['tensor_peak']})",
+            format=memory_printf(memory_units["tensor_peak"]),
             help="Bytes held by tensors at the step's peak (a CPU run: its last warm-up "
                  "step, profiled)"),
         "process_peak": st.column_config.NumberColumn(
-            f"{PROCESS_PEAK_NAME} ({memory_column_unit})",
-            format=memory_printf(memory_column_unit),
+            f"{PROCESS_PEAK_NAME} ({memory_units['process_peak']})",
+            format=memory_printf(memory_units["process_peak"]),
             help="CPU: the process's peak resident set; GPU: the allocator's peak reserved "
                  "memory"),
         "final_loss": st.column_config.NumberColumn("final loss", format=LOSS_PRINTF),

@@ -98,7 +98,7 @@ def test_one_failure_fails_the_gate_even_beside_an_inconclusive_one():
     lines = gate_lines(verdict)
     assert (
         lines[1]
-        == "gate: bf16-amp<=0.5: fail (peak memory 0.750x the baseline's (300.0 vs 400.0 MiB))"
+        == "gate: bf16-amp<=0.5: fail (tensor peak 0.750x the baseline's (300.0 vs 400.0 MiB))"
     )
     assert lines[-1] == "gate: failed (exit 1)"
 

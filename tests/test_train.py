@@ -335,3 +335,35 @@ def test_a_cpu_run_without_two_warm_up_steps_says_why_it_has_no_tensor_peak():
     assert result.tensor_peak_bytes is None and result.memory_by_kind is None
     assert "warmup_steps 2 or more" in result.tensor_peak_note
     assert result.process_peak_bytes > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_profile_that_cannot_be_written_leaves_the_tensor_peak_unmeasured_not_the_run(
+        monkeypatch, tmp_path):
+    """The profiled step's trace cannot be written (its temporary directory is gone): the
+    step ran, once, and counts; the tensor peak says why it is missing."""
+    import tempfile
+
+    from engine.training.loop import Trainer
+    from engine.training.memory import TensorPeakProbe
+
+    cfg = RunConfig(model="mlp", size="tiny", batch_size=8, steps=3, warmup_steps=2,
+                    profile=False, device="cpu")
+    trainer = Trainer(cfg, torch.device("cpu"))
+    try:
+        trainer.step(1, want_grad_norm=False)
+        probe = TensorPeakProbe(cfg.warmup_steps, torch.device("cpu"))
+        assert probe.wants(2)
+        calls = []
+
+        def step():
+            calls.append(2)
+            return trainer.step(2, want_grad_norm=False)
+
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+        loss, _norm = probe.run(step)
+    finally:
+        trainer.close()
+    assert calls == [2] and math.isfinite(float(loss))
+    assert probe.increment_bytes is None
+    assert probe.unmeasured_reason() == "the profiler could not measure it (FileNotFoundError)"

@@ -108,11 +108,11 @@ def judge_requirement(req: Requirement, result: dict[str, Any]) -> Judgement:
 def _judge_memory(req: Requirement, row: dict, base: dict) -> Judgement:
     mine, theirs = row.get("peak_mem_bytes"), base.get("peak_mem_bytes")
     if not mine or not theirs:
-        return Judgement(req.text, req.kind, "inconclusive", "peak memory was not measured")
+        return Judgement(req.text, req.kind, "inconclusive", "the tensor peak was not measured")
     ratio = mine / theirs
     unit = memory_unit([mine, theirs])  # both in one unit, as a table column would be
     figures = (
-        f"peak memory {ratio:.3f}x the baseline's ({memory_text(mine, unit, with_unit=False)}"
+        f"tensor peak {ratio:.3f}x the baseline's ({memory_text(mine, unit, with_unit=False)}"
         f" vs {memory_text(theirs, unit)})"
     )
     ok = ratio >= req.bound if req.op == ">=" else ratio <= req.bound

@@ -20,8 +20,8 @@ from engine.display import (
     memory_text,
 )
 
-TENSOR_PEAK_PENDING = ("measured on the run's last warm-up step on a CPU; "
-                       "shown when the run has ended")
+TENSOR_PEAK_NOT_RECORDED = ("not recorded: a run records it when it ends (a CPU run measures "
+                            "it on its last warm-up step)")
 
 
 def _bytes(value: Any) -> int | None:
@@ -50,8 +50,7 @@ def memory_peaks(summary: Mapping[str, Any], device_key: str | None,
         process = legacy
     note = summary.get("tensor_peak_note")
     if tensor is None and not note:
-        note = ("not measured: this run ended before the tensor peak was recorded"
-                if "status" in summary else TENSOR_PEAK_PENDING)
+        note = TENSOR_PEAK_NOT_RECORDED  # running, or ended before its summary was written
     split = summary.get("memory_by_kind")
     return {"tensor_peak_bytes": tensor, "process_peak_bytes": process,
             "memory_by_kind": split if isinstance(split, Mapping) else None,

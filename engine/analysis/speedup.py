@@ -52,7 +52,7 @@ METHOD = ("Hodges-Lehmann estimate of the per-round paired log ratios, Wilcoxon 
 def method_words(result: Mapping[str, Any]) -> str:
     """How a check's figures were made, in the words Live, Compare and the report print."""
     return (f"{result.get('rounds')} rounds of {result.get('block_steps')} steps per mode, "
-            f"interleaved in one process; speedup = {METHOD}; peak memory per mode from the "
+            f"interleaved in one process; speedup = {METHOD}; tensor peak per mode from the "
             f"{result.get('memory_method')}. A difference is claimed only when its interval "
             "excludes 1.0 and the machine was quiet.")
 

@@ -48,7 +48,7 @@ def machine_word(busy: Any) -> str:
     return "busy: unreliable" if busy is True else "quiet" if busy is False else "not measured"
 
 
-# (key, header, formatter); "peak memory" takes its unit from the column's largest value.
+# (key, header, formatter); a memory peak takes its unit from its column's largest value.
 COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("name", "run", _text),
     ("run_id", "run id", _text),
@@ -59,7 +59,7 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("throughput_interval", "95 % interval", _text),
     ("machine", "machine", _text),
     ("step_time_ms", "step time (ms)", lambda v: step_time_text(v, with_unit=False)),
-    # the two peaks by name (engine.analysis.memory_peaks); one unit per table for both
+    # the two peaks by name (engine.analysis.memory_peaks), each column in its own unit
     ("tensor_peak_bytes", TENSOR_PEAK_NAME, _text),
     ("process_peak_bytes", PROCESS_PEAK_NAME, _text),
     ("mem_saved_pct", "memory saved (%)", _signed(1)),
@@ -95,16 +95,16 @@ def _with_derived(table: pd.DataFrame) -> pd.DataFrame:
 
 def summary_strings(table: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
     """`table`'s rows as strings, headers as a person reads them, in COLUMNS order (or
-    `keys`' order). The two memory peaks share one unit, named in their headers."""
+    `keys`' order). Each memory peak's column has one unit, named in its header (each its
+    own: a tensor peak of a few MiB beside a process peak over 1 GiB must not read 0.00)."""
     keys = keys or [key for key, _h, _f in COLUMNS]
     spec = {key: (header, fmt) for key, header, fmt in COLUMNS}
     derived = _with_derived(table)
-    present = [key for key in MEMORY_KEYS if key in derived]
-    unit = memory_unit(value for key in present for value in derived[key]) if present else "MiB"
     out = {}
     for key in keys:
         header, fmt = spec[key]
         if key in MEMORY_KEYS:
+            unit = memory_unit(derived[key])
             out[f"{header} ({unit})"] = [memory_text(v, unit, with_unit=False)
                                          for v in derived[key]]
         else:

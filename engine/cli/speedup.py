@@ -61,7 +61,7 @@ def add_subparsers(sub) -> None:
                              "speedup clears RATIO (e.g. 'bf16-amp>=1.3'), 1 if the whole "
                              "interval misses it, 3 if inconclusive (busy, too wide); repeatable")
     parser.add_argument("--require-mem", action="append", default=[], metavar="MODE<=RATIO",
-                        help="a CI gate on peak memory over the baseline's (e.g. "
+                        help="a CI gate on the tensor peak over the baseline's (e.g. "
                              "'bf16-amp<=0.8'); repeatable")
     _add_config_options(parser)
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")

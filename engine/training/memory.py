@@ -29,12 +29,19 @@ from engine.training.step_meter import memory_snapshot
 # A Trainer (engine.training.loop), which imports this module: named, not imported.
 Trainer = Any
 
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes this process holds for `tensor`: an FSDP2 DTensor's local shard, not the
+    whole tensor its numel() describes."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
 def parameter_bytes(trainer: Trainer) -> int:
-    return int(sum(p.numel() * p.element_size() for p in trainer.module.parameters()))
+    return int(sum(_local_bytes(p) for p in trainer.module.parameters()))
 
 
 def optimizer_state_bytes(trainer: Trainer) -> int:
-    return int(sum(v.numel() * v.element_size() for state in trainer.optimizer.state.values()
+    return int(sum(_local_bytes(v) for state in trainer.optimizer.state.values()
                    for v in state.values() if isinstance(v, torch.Tensor)))
 
 
@@ -53,7 +60,7 @@ def memory_by_kind(trainer: Trainer, peak_bytes: int | None) -> dict[str, Any] |
     if peak_bytes is None:
         return None
     params = parameter_bytes(trainer)
-    grads = int(sum(p.numel() * p.element_size() for p in trainer.params))
+    grads = int(sum(_local_bytes(p) for p in trainer.params))
     state = optimizer_state_bytes(trainer)
     counted = params + grads + state
     return {"parameters_bytes": params, "gradients_bytes": grads,
@@ -104,12 +111,20 @@ class TensorPeakProbe:
         """`work` (one training step) under the profiler; its result. A profiler that
         fails leaves the tensor peak unmeasured (with why), never the run."""
         result: list[Any] = []
+        started: list[bool] = []
+
+        def step() -> None:
+            started.append(True)
+            result.append(work())
+
         try:
-            self.increment_bytes = cpu_step_peak_increment(lambda: result.append(work()))
+            self.increment_bytes = cpu_step_peak_increment(step)
         except Exception as exc:  # noqa: BLE001 - the peak is informative
-            self.error = f"the profiled step failed: {type(exc).__name__}"
-            if not result:
+            if started and not result:
                 raise  # the step itself failed: the run's own error
+            self.error = f"the profiler could not measure it ({type(exc).__name__})"
+        if not started:  # the profiler failed before the step: the step runs unprofiled
+            return work()
         return result[0]
 
     def unmeasured_reason(self) -> str | None:
