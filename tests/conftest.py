@@ -9,6 +9,7 @@ eating the two CI cores.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -397,16 +398,24 @@ def ready_standby(store, monkeypatch, wait_for):
             proc.kill()
 
 
-# A 2 MiB tmpfs: a disk that fills (tests/test_full_disk.py, test_reliability_disk.py).
-@pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "small"
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size: str):
+    """A tmpfs of `size` ("2m") mounted at `mount_point` (made here) for the block, a disk
+    that fills or is remounted read-only; the test skips, with the reason, where mounting
+    is not allowed."""
     mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                           str(mount_point)], capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
     try:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+# A 2 MiB tmpfs: a disk that fills (tests/test_full_disk.py, test_reliability_disk.py).
+@pytest.fixture
+def small_disk(tmp_path):
+    with mounted_tmpfs(tmp_path / "small", "2m") as mount_point:
+        yield mount_point

@@ -138,19 +138,13 @@ def test_tensorboard_text_shows_the_note_and_tags_as_text_not_markdown(home, tmp
 def test_tensorboard_export_on_a_full_disk_is_one_line_and_leaves_no_event_file(
         home, tmp_path, capsys):
     pytest.importorskip("tensorboard")
-    import subprocess
+    from conftest import mounted_tmpfs
 
     from engine.cli.main import main
 
     store = Store(home)
     run_id = _run_with_hostile_note(store)
-    small = tmp_path / "small"
-    small.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "1m") as small:
         try:  # the disk fills to the last block
             with open(small / "filler", "wb") as handle:
                 while True:
@@ -163,5 +157,3 @@ def test_tensorboard_export_on_a_full_disk_is_one_line_and_leaves_no_event_file(
         assert len(err.strip().splitlines()) == 1, err
         assert "No space left on device" in err and "free space there" in err
         assert not list((small / "tb").rglob("events.out.tfevents.*"))
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -98,17 +98,12 @@ def test_twelve_concurrent_tag_commands_keep_twelve_tags(home):
 def test_a_read_only_data_directory_is_called_read_only_not_corrupted(tmp_path, monkeypatch):
     from pathlib import Path
 
+    from conftest import mounted_tmpfs
     from streamlit.testing.v1 import AppTest
 
     from engine.store import StoreError
 
-    mount_point = tmp_path / "ro"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "4m") as mount_point:
         home = mount_point / "lab"
         run_id = _ended_run(Store(home))
         subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
@@ -125,5 +120,4 @@ def test_a_read_only_data_directory_is_called_read_only_not_corrupted(tmp_path, 
         assert not at.exception, at.exception
         assert any("read-only" in e.value for e in at.error)
         assert (home / "runs" / run_id).is_dir()  # nothing touched
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
