@@ -19,7 +19,6 @@ from engine.analysis.live import (
     ledger_sentence,
     live_headline,
 )
-from engine.analysis.memory_peaks import memory_peaks, memory_words
 from engine.analysis.stall import stall_of, stall_words
 from engine.analysis.whatif import summary_projection
 from engine.display import (
@@ -216,10 +215,8 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     busy = busy_words(summary, frame)
     if busy:
         st.warning(busy)
-    logged = float(frame["mem_peak_bytes"].max()) if "mem_peak_bytes" in frame else None
-    memory = memory_words(memory_peaks(summary, run.device_key, logged), run.device_key)
     cols[3].metric(head.peak_name.capitalize(), memory_text(head.peak_mem_bytes),
-                   help=plain(memory))
+                   help=plain(head.memory_words))
     # The tile is chosen by whether a peak is known (fixed before the first step), not by
     # whether a value has arrived yet, so it does not flip between the two while running.
     # Always MFU (the same tile on every run): n/a with the achieved TFLOP/s in its help
@@ -236,7 +233,7 @@ def headline_metrics(run, frame: pd.DataFrame) -> None:
     both = both_mfu_words(summary)  # the datasheet's and the measured one, each named
     if both:
         st.caption(plain(both))
-    st.caption(plain(memory))  # both memory peaks by name, the tensor peak's split
+    st.caption(plain(head.memory_words))  # both memory peaks by name, the tensor peak's split
 
 
 def data_wait_line(run, frame: pd.DataFrame) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from engine.analysis.contention import BUSY_SHARE, UNRELIABLE
-from engine.analysis.memory_peaks import is_gpu_device, memory_peaks
+from engine.analysis.memory_peaks import is_gpu_device, memory_peaks, memory_words
 from engine.display import PROCESS_PEAK_NAME, TENSOR_PEAK_NAME, loss_scale_text
 from engine.schema import STEADY, throughput_column, throughput_unit
 
@@ -25,6 +25,7 @@ class LiveHeadline:
     step_time_ms: float | None     # steady median
     peak_mem_bytes: float | None   # the tile's peak: peak_name says which of the two
     peak_name: str                 # TENSOR_PEAK_NAME on a GPU, PROCESS_PEAK_NAME on a CPU
+    memory_words: str              # both peaks by name, the tensor peak's split (the caption)
     mfu: float | None              # fraction of the device's peak, None when unknown
     achieved_tflops: float | None
 
@@ -69,6 +70,7 @@ def live_headline(summary: dict[str, Any], model: str, frame: pd.DataFrame,
         step_time_ms=summary.get("step_time_ms") or _median(rows, "step_time_ms"),
         peak_mem_bytes=peak,
         peak_name=TENSOR_PEAK_NAME if on_gpu else PROCESS_PEAK_NAME,
+        memory_words=memory_words(peaks, device_key),
         mfu=summary.get("mfu") or _median(rows, "mfu"),
         achieved_tflops=summary.get("achieved_tflops") or _median(rows, "achieved_tflops"))
 
